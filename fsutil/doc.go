@@ -1,0 +1,19 @@
+// Package fsutil holds the small filesystem tools the rest of sbxfs is built
+// on. It imports only the standard library and golang.org/x/sys/unix.
+//
+//   - Copying: [CopyData] copies file content with FICLONE when the filesystem
+//     can share extents, else copy_file_range (or pread/pwrite) over the data
+//     extents only, so sparse files stay sparse. [CopyXattrs] and [CopyTimes]
+//     copy metadata.
+//   - Extended attributes: [ListXattrs], [GetXattr] and their path variants
+//     that never follow a symlink, [LListXattrs] and [LGetXattr].
+//   - Safe resolution: [CleanRel] validates a path relative to a root;
+//     [OpenBeneath] and [OpenDirBeneath] open such a path beneath a directory
+//     fd without following any symlink and without leaving the root.
+//   - Atomic replacement: [WriteFileAtomic] (temp file, fsync, rename, fsync
+//     of the directory), [SyncDir] and [TempName].
+//   - Overlay layout: [IsWhiteout] recognises a kernel overlayfs whiteout.
+//
+// Every error is wrapped with context and keeps its errno, so callers can
+// test it with errors.Is(err, unix.ENOSPC) or errors.As into a syscall.Errno.
+package fsutil

@@ -1,0 +1,145 @@
+package fuse
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// handle is an open file: a descriptor of the upper copy, or a read-only
+// descriptor of the lower file.
+type handle struct {
+	n       *node
+	mu      sync.RWMutex // guards fd and upper against the switch to the upper copy
+	fd      int
+	upper   bool
+	counted bool // counted in n.cached
+}
+
+// fileHandle is implemented by both handle flavours.
+type fileHandle interface{ h() *handle }
+
+// cachedFile is a handle served through sbxfs (reads and writes reach the
+// server); it does not offer a passthrough descriptor.
+type cachedFile struct{ *handle }
+
+// ptFile is an upper-file handle the kernel may serve by passthrough.
+type ptFile struct{ *handle }
+
+func (h *handle) h() *handle { return h }
+
+var _ = (fusefs.FilePassthroughFder)((*ptFile)(nil))
+
+func (f *ptFile) PassthroughFd() (int, bool) { return f.fd, true }
+
+var (
+	_ = (fusefs.FileReader)((*handle)(nil))
+	_ = (fusefs.FileWriter)((*handle)(nil))
+	_ = (fusefs.FileReleaser)((*handle)(nil))
+	_ = (fusefs.FileFlusher)((*handle)(nil))
+	_ = (fusefs.FileAllocater)((*handle)(nil))
+	_ = (fusefs.FileLseeker)((*handle)(nil))
+)
+
+// switchToUpper moves a lower handle to the upper copy once the file has
+// been copied up, so an open reader sees what later writers wrote, as on a
+// plain filesystem.
+func (h *handle) switchToUpper() {
+	h.mu.RLock()
+	upper := h.upper
+	h.mu.RUnlock()
+	if upper {
+		return
+	}
+	h.n.mu.Lock()
+	up := h.n.obj.Upper
+	h.n.mu.Unlock()
+	if !up {
+		return
+	}
+	rel, ok := h.n.rel()
+	if !ok {
+		return
+	}
+	fd, err := unix.Open(h.n.fs.layers.UpperPath(rel), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.upper || h.fd < 0 {
+		unix.Close(fd)
+		return
+	}
+	unix.Close(h.fd)
+	h.fd, h.upper = fd, true
+}
+
+func (h *handle) Read(ctx context.Context, buf []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
+	h.switchToUpper()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	n, err := unix.Pread(h.fd, buf, off)
+	if err != nil {
+		return nil, h.n.fs.toErrno("read", err)
+	}
+	return gofuse.ReadResultData(buf[:n]), 0
+}
+
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if !h.upper {
+		return 0, syscall.EBADF // lower handles are read-only
+	}
+	n, err := unix.Pwrite(h.fd, data, off)
+	return uint32(n), h.n.fs.toErrno("write", err)
+}
+
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	fd := h.fd
+	h.fd = -1
+	h.mu.Unlock()
+	if h.counted {
+		h.n.mu.Lock()
+		h.n.cached--
+		h.n.mu.Unlock()
+	}
+	if fd < 0 {
+		return syscall.EBADF
+	}
+	return h.n.fs.toErrno("release", unix.Close(fd))
+}
+
+func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+func (h *handle) fsync(flags uint32) syscall.Errno {
+	var err error
+	if flags&1 != 0 {
+		err = unix.Fdatasync(h.fd)
+	} else {
+		err = unix.Fsync(h.fd)
+	}
+	if err != nil {
+		return h.n.fs.toErrno("fsync", err)
+	}
+	return h.n.fs.toErrno("fsync", h.n.fs.layers.Sync())
+}
+
+func (h *handle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	if !h.upper {
+		return syscall.EBADF
+	}
+	return h.n.fs.toErrno("fallocate", unix.Fallocate(h.fd, mode, int64(off), int64(size)))
+}
+
+func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	h.switchToUpper()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	n, err := unix.Seek(h.fd, int64(off), int(whence))
+	return uint64(n), h.n.fs.toErrno("lseek", err)
+}

@@ -1,0 +1,159 @@
+// Package fuse serves a layers.Layers stack as a FUSE filesystem with
+// go-fuse. It maps each FUSE operation onto layers and answers with an
+// errno; the overlay logic (copy-up, whiteouts, journaling) lives in layers.
+// It is the only package that imports go-fuse.
+package fuse
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// Config describes one sandbox mount.
+type Config struct {
+	Layers     layers.Config
+	Mountpoint string
+	// FsName is shown as the mount's source in /proc/self/mountinfo;
+	// status and unmount find the sandbox's work directory from it.
+	FsName string
+	// AllowOther lets other users use the mount (subject to the usual
+	// permission checks, which the kernel makes: default_permissions).
+	AllowOther bool
+	// NoPassthrough turns FUSE passthrough off for upper files.
+	NoPassthrough bool
+	// Suid and Dev lift the nosuid and nodev defaults.
+	Suid, Dev bool
+	// Timeouts for the kernel's entry, attribute and negative caches.
+	EntryTimeout, AttrTimeout, NegativeTimeout time.Duration
+	Debug                                      bool
+	Logger                                     *slog.Logger
+}
+
+// DefaultTimeout is the default lifetime of the kernel's caches. sbxfs is
+// the only writer of the upper layer, so only changes made to the original
+// behind the sandbox's back can be seen late, by at most this much.
+const DefaultTimeout = time.Second
+
+// Server is a mounted sandbox.
+type Server struct {
+	srv    *gofuse.Server
+	fs     *filesystem
+	layers *layers.Layers
+	mnt    string
+}
+
+// ErrMount wraps every failure to mount.
+var ErrMount = errors.New("mount failed")
+
+// Mount opens the layers and mounts them at cfg.Mountpoint. The mount is
+// live when Mount returns.
+func Mount(cfg Config) (*Server, error) {
+	l, err := layers.Open(cfg.Layers)
+	if err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough}
+	root, err := fsys.newRoot()
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	opts := fsys.options(cfg)
+	srv, err := fusefs.Mount(cfg.Mountpoint, root, opts)
+	if err != nil && opts.DirectMount {
+		opts.DirectMount = false // fall back to fusermount3
+		srv, err = fusefs.Mount(cfg.Mountpoint, root, opts)
+	}
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("%w at %s: %v", ErrMount, cfg.Mountpoint, err)
+	}
+	fsys.startFlusher()
+	return &Server{srv: srv, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
+}
+
+func (fs *filesystem) options(cfg Config) *fusefs.Options {
+	entry, attr, neg := cfg.EntryTimeout, cfg.AttrTimeout, cfg.NegativeTimeout
+	if entry == 0 {
+		entry = DefaultTimeout
+	}
+	if attr == 0 {
+		attr = DefaultTimeout
+	}
+	if neg == 0 {
+		neg = DefaultTimeout
+	}
+	mo := []string{"default_permissions"}
+	if !cfg.Suid {
+		mo = append(mo, "nosuid")
+	}
+	if !cfg.Dev {
+		mo = append(mo, "nodev")
+	}
+	fsname := cfg.FsName
+	if fsname == "" {
+		fsname = "sbxfs"
+	}
+	o := &fusefs.Options{
+		MountOptions: gofuse.MountOptions{
+			AllowOther:    cfg.AllowOther,
+			Options:       mo,
+			FsName:        fsname,
+			Name:          "sbxfs",
+			DirectMount:   os.Geteuid() == 0,
+			Debug:         cfg.Debug,
+			MaxReadAhead:  128 << 10,
+			MaxWrite:      1 << 20,
+			MaxBackground: 64,
+		},
+		EntryTimeout:    &entry,
+		AttrTimeout:     &attr,
+		NegativeTimeout: &neg,
+		Logger:          log.New(io.Discard, "", 0),
+	}
+	if cfg.Debug {
+		o.Logger = log.New(os.Stderr, "sbxfs: ", log.LstdFlags)
+		o.MountOptions.Logger = o.Logger
+	}
+	return o
+}
+
+// Wait blocks until the mount is unmounted (by Unmount, umount(8) or
+// fusermount3 -u), then flushes and closes the journal.
+func (s *Server) Wait() error {
+	s.srv.Wait()
+	s.fs.stopFlusher()
+	return s.layers.Close()
+}
+
+// Unmount unmounts the sandbox. It fails with EBUSY while files are open.
+func (s *Server) Unmount() error {
+	if err := s.srv.Unmount(); err != nil {
+		return fmt.Errorf("unmount %s: %w", s.mnt, err)
+	}
+	return nil
+}
+
+// Layers returns the overlay stack the mount serves.
+func (s *Server) Layers() *layers.Layers { return s.layers }
+
+// Mountpoint is where the sandbox is mounted.
+func (s *Server) Mountpoint() string { return s.mnt }
+
+// IsMountpointBusy reports whether err says the mount was still in use.
+func IsMountpointBusy(err error) bool { return errors.Is(err, syscall.EBUSY) }

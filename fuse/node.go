@@ -1,0 +1,249 @@
+package fuse
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// filesystem is the state shared by every node of one mount.
+type filesystem struct {
+	layers      *layers.Layers
+	log         *slog.Logger
+	passthrough bool
+	root        *node
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// node is one file, directory or other object of the mount. Its overlay
+// path is derived from go-fuse's tree, which follows renames; obj says
+// where the object lives and is guarded by mu.
+type node struct {
+	fusefs.Inode
+	fs *filesystem
+
+	mu  sync.Mutex
+	obj layers.Obj
+	// cached counts open handles served without passthrough. While any is
+	// open, new handles are not passthrough either: the kernel refuses to
+	// mix the two modes on one inode.
+	cached int
+}
+
+func (fs *filesystem) newRoot() (*node, error) {
+	e, err := fs.layers.Root()
+	if err != nil {
+		return nil, err
+	}
+	fs.root = &node{fs: fs, obj: e.Obj}
+	return fs.root, nil
+}
+
+// rel returns the node's overlay-relative path; ok is false for a node no
+// longer reachable from the root (unlinked while open).
+func (n *node) rel() (string, bool) {
+	var parts []string
+	cur := &n.Inode
+	root := n.fs.root.EmbeddedInode()
+	for cur != root {
+		name, parent := cur.Parent()
+		if parent == nil {
+			return "", false
+		}
+		parts = append(parts, name)
+		cur = parent
+	}
+	p := ""
+	for i := len(parts) - 1; i >= 0; i-- {
+		p = layers.Join(p, parts[i])
+	}
+	return p, true
+}
+
+func (n *node) getObj() layers.Obj {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.obj
+}
+
+func caller(ctx context.Context) layers.Caller {
+	if c, ok := gofuse.FromContext(ctx); ok {
+		return layers.Caller{Pid: c.Pid, Uid: c.Uid, Gid: c.Gid}
+	}
+	return layers.Caller{}
+}
+
+// newChild returns the inode for a looked-up or created entry; go-fuse
+// returns the existing one when the stable inode number is already known
+// (a hard link, a second lookup).
+func (n *node) newChild(ctx context.Context, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
+	child := &node{fs: n.fs, obj: e.Obj}
+	ino := n.NewInode(ctx, child, fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino})
+	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
+	return ino
+}
+
+// fillAttr copies st into out with the node's stable inode number.
+func fillAttr(out *gofuse.Attr, st *unix.Stat_t, ino uint64) {
+	out.Ino = ino
+	out.Size = uint64(st.Size)
+	out.Blocks = uint64(st.Blocks)
+	out.Atime, out.Atimensec = uint64(st.Atim.Sec), uint32(st.Atim.Nsec)
+	out.Mtime, out.Mtimensec = uint64(st.Mtim.Sec), uint32(st.Mtim.Nsec)
+	out.Ctime, out.Ctimensec = uint64(st.Ctim.Sec), uint32(st.Ctim.Nsec)
+	out.Mode = st.Mode
+	out.Nlink = uint32(st.Nlink)
+	out.Uid, out.Gid = st.Uid, st.Gid
+	out.Rdev = uint32(st.Rdev)
+	out.Blksize = uint32(st.Blksize)
+}
+
+// startFlusher makes journal appends durable on a short timer, so a
+// power loss costs at most that much of the record of changes whose data
+// was not fsynced either.
+func (fs *filesystem) startFlusher() {
+	fs.stop, fs.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fs.done)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-fs.stop:
+				return
+			case <-t.C:
+				if err := fs.layers.Sync(); err != nil {
+					fs.log.Error("journal sync", slog.Any("err", err))
+				}
+			}
+		}
+	}()
+}
+
+func (fs *filesystem) stopFlusher() {
+	if fs.stop != nil {
+		close(fs.stop)
+		<-fs.done
+		fs.stop = nil
+	}
+}
+
+var _ = (fusefs.NodeLookuper)((*node)(nil))
+
+func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	rel, ok := n.rel()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	e, err := n.fs.layers.Lookup(rel, n.getObj(), name)
+	if err != nil {
+		return nil, n.fs.toErrno("lookup", err)
+	}
+	return n.newChild(ctx, &e, out), 0
+}
+
+var _ = (fusefs.NodeGetattrer)((*node)(nil))
+
+func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	var st unix.Stat_t
+	var err error
+	if h, ok := f.(fileHandle); ok && h.h().upper {
+		err = unix.Fstat(h.h().fd, &st)
+	} else {
+		rel, ok := n.rel()
+		if !ok {
+			return syscall.ENOENT
+		}
+		st, err = n.fs.layers.Stat(rel, n.getObj())
+	}
+	if err != nil {
+		return n.fs.toErrno("getattr", err)
+	}
+	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
+	return 0
+}
+
+var _ = (fusefs.NodeSetattrer)((*node)(nil))
+
+func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	fd := -1
+	if h, ok := f.(fileHandle); ok && h.h().upper {
+		fd = h.h().fd
+	}
+	rel, ok := n.rel()
+	if !ok && fd < 0 {
+		return syscall.ENOENT
+	}
+	n.mu.Lock()
+	st, err := n.fs.layers.Setattr(rel, &n.obj, fd, toSetAttr(in), caller(ctx))
+	n.mu.Unlock()
+	if err != nil {
+		return n.fs.toErrno("setattr", err)
+	}
+	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
+	return 0
+}
+
+func toSetAttr(in *gofuse.SetAttrIn) layers.SetAttr {
+	var a layers.SetAttr
+	if m, ok := in.GetMode(); ok {
+		a.Mode = &m
+	}
+	if u, ok := in.GetUID(); ok {
+		a.Uid = &u
+	}
+	if g, ok := in.GetGID(); ok {
+		a.Gid = &g
+	}
+	if s, ok := in.GetSize(); ok {
+		a.Size = &s
+	}
+	a.Atime = timeArg(in.Valid&gofuse.FATTR_ATIME != 0, in.Valid&gofuse.FATTR_ATIME_NOW != 0, in.Atime, in.Atimensec)
+	a.Mtime = timeArg(in.Valid&gofuse.FATTR_MTIME != 0, in.Valid&gofuse.FATTR_MTIME_NOW != 0, in.Mtime, in.Mtimensec)
+	return a
+}
+
+func timeArg(set, now bool, sec uint64, nsec uint32) *unix.Timespec {
+	switch {
+	case !set:
+		return nil
+	case now:
+		return &unix.Timespec{Nsec: unix.UTIME_NOW}
+	}
+	return &unix.Timespec{Sec: int64(sec), Nsec: int64(nsec)}
+}
+
+var _ = (fusefs.NodeReadlinker)((*node)(nil))
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	rel, ok := n.rel()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	t, err := n.fs.layers.Readlink(rel, n.getObj())
+	if err != nil {
+		return nil, n.fs.toErrno("readlink", err)
+	}
+	return []byte(t), 0
+}
+
+var _ = (fusefs.NodeStatfser)((*node)(nil))
+
+func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(n.fs.layers.UpperDir(), &st); err != nil {
+		return n.fs.toErrno("statfs", err)
+	}
+	out.FromStatfsT(&st)
+	return 0
+}

@@ -1,0 +1,158 @@
+package fuse
+
+import (
+	"context"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// dirArgs resolves the directory node a namespace operation works in.
+func (n *node) dirArgs() (string, layers.Obj, syscall.Errno) {
+	rel, ok := n.rel()
+	if !ok {
+		return "", layers.Obj{}, syscall.ENOENT
+	}
+	return rel, n.getObj(), 0
+}
+
+var _ = (fusefs.NodeMkdirer)((*node)(nil))
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, errno
+	}
+	e, err := n.fs.layers.Mkdir(rel, obj, name, mode, caller(ctx))
+	if err != nil {
+		return nil, n.fs.toErrno("mkdir", err)
+	}
+	return n.newChild(ctx, &e, out), 0
+}
+
+var _ = (fusefs.NodeMknoder)((*node)(nil))
+
+func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, errno
+	}
+	e, err := n.fs.layers.Mknod(rel, obj, name, mode, dev, caller(ctx))
+	if err != nil {
+		return nil, n.fs.toErrno("mknod", err)
+	}
+	return n.newChild(ctx, &e, out), 0
+}
+
+var _ = (fusefs.NodeSymlinker)((*node)(nil))
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, errno
+	}
+	e, err := n.fs.layers.Symlink(rel, obj, name, target, caller(ctx))
+	if err != nil {
+		return nil, n.fs.toErrno("symlink", err)
+	}
+	return n.newChild(ctx, &e, out), 0
+}
+
+var _ = (fusefs.NodeLinker)((*node)(nil))
+
+func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, errno
+	}
+	trel, ok := t.rel()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	t.mu.Lock()
+	e, err := n.fs.layers.Link(trel, &t.obj, rel, obj, name, caller(ctx))
+	t.mu.Unlock()
+	if err != nil {
+		return nil, n.fs.toErrno("link", err)
+	}
+	return n.newChild(ctx, &e, out), 0
+}
+
+var _ = (fusefs.NodeUnlinker)((*node)(nil))
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return errno
+	}
+	return n.fs.toErrno("unlink", n.fs.layers.Unlink(rel, obj, name, caller(ctx)))
+}
+
+var _ = (fusefs.NodeRmdirer)((*node)(nil))
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return errno
+	}
+	return n.fs.toErrno("rmdir", n.fs.layers.Rmdir(rel, obj, name, caller(ctx)))
+}
+
+var _ = (fusefs.NodeRenamer)((*node)(nil))
+
+func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return errno
+	}
+	nrel, nobj, errno := np.dirArgs()
+	if errno != 0 {
+		return errno
+	}
+	// The moved node's Obj is updated in place when it is known (it is,
+	// whenever the kernel looked it up); a scratch Obj serves otherwise.
+	var src layers.Obj
+	srcp := &src
+	if ch := n.GetChild(name); ch != nil {
+		if cn, ok := ch.Operations().(*node); ok {
+			cn.mu.Lock()
+			defer cn.mu.Unlock()
+			srcp = &cn.obj
+		}
+	}
+	err := n.fs.layers.Rename(rel, obj, name, srcp, nrel, nobj, newName, flags, caller(ctx))
+	return n.fs.toErrno("rename", err)
+}
+
+var _ = (fusefs.NodeReaddirer)((*node)(nil))
+
+func (n *node) Readdir(ctx context.Context) (fusefs.DirStream, syscall.Errno) {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, errno
+	}
+	ents, err := n.fs.layers.ReadDir(rel, obj)
+	if err != nil {
+		return nil, n.fs.toErrno("readdir", err)
+	}
+	list := make([]gofuse.DirEntry, 0, len(ents)+2)
+	list = append(list,
+		gofuse.DirEntry{Name: ".", Mode: unix.S_IFDIR, Ino: n.StableAttr().Ino},
+		gofuse.DirEntry{Name: "..", Mode: unix.S_IFDIR, Ino: 1})
+	for _, e := range ents {
+		list = append(list, gofuse.DirEntry{Name: e.Name, Mode: e.Type, Ino: e.Ino})
+	}
+	return fusefs.NewListDirStream(list), 0
+}

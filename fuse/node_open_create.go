@@ -1,0 +1,91 @@
+package fuse
+
+import (
+	"context"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+var _ = (fusefs.NodeOpener)((*node)(nil))
+
+func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	rel, ok := n.rel()
+	if !ok {
+		return nil, 0, syscall.ENOENT
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	fd, upper, err := n.fs.layers.Open(rel, &n.obj, int(flags), caller(ctx))
+	if err != nil {
+		return nil, 0, n.fs.toErrno("open", err)
+	}
+	fh, fuseFlags := n.newHandleLocked(fd, upper)
+	return fh, fuseFlags, 0
+}
+
+var _ = (fusefs.NodeCreater)((*node)(nil))
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	fd, e, err := n.fs.layers.Create(rel, obj, name, mode|unix.S_IFREG, caller(ctx))
+	if err != nil {
+		return nil, nil, 0, n.fs.toErrno("create", err)
+	}
+	ino := n.newChild(ctx, &e, out)
+	child, ok := ino.Operations().(*node)
+	if !ok {
+		unix.Close(fd)
+		return nil, nil, 0, syscall.EIO
+	}
+	child.mu.Lock()
+	defer child.mu.Unlock()
+	fh, fuseFlags := child.newHandleLocked(fd, true)
+	return ino, fh, fuseFlags, 0
+}
+
+// newHandleLocked wraps fd in a handle. Upper files are served by FUSE
+// passthrough when the kernel offers it, unless a handle without
+// passthrough is still open on the node (the kernel refuses to mix the
+// two). Lower files are never passthrough: the kernel keeps one backing
+// file per inode and would reuse it for a later write open, sending writes
+// to the original. Lower handles read through sbxfs instead, and switch to
+// the upper copy once the file has been copied up.
+func (n *node) newHandleLocked(fd int, upper bool) (fusefs.FileHandle, uint32) {
+	h := &handle{n: n, fd: fd, upper: upper}
+	if upper && n.fs.passthrough && n.cached == 0 {
+		return &ptFile{h}, 0
+	}
+	n.cached++
+	h.counted = true
+	if upper {
+		return &cachedFile{h}, 0
+	}
+	return &cachedFile{h}, gofuse.FOPEN_KEEP_CACHE
+}
+
+var _ = (fusefs.NodeFsyncer)((*node)(nil))
+
+// Fsync flushes a file through its handle, or a directory's upper copy,
+// and makes the journal durable with it.
+func (n *node) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) syscall.Errno {
+	if h, ok := f.(fileHandle); ok {
+		return h.h().fsync(flags)
+	}
+	if rel, ok := n.rel(); ok {
+		fd, err := unix.Open(n.fs.layers.UpperPath(rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Fsync(fd)
+			unix.Close(fd)
+			if err != nil {
+				return n.fs.toErrno("fsyncdir", err)
+			}
+		}
+	}
+	return n.fs.toErrno("fsync", n.fs.layers.Sync())
+}

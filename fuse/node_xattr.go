@@ -1,0 +1,72 @@
+package fuse
+
+import (
+	"context"
+	"strings"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+)
+
+var _ = (fusefs.NodeGetxattrer)((*node)(nil))
+
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	rel, ok := n.rel()
+	if !ok {
+		return 0, syscall.ENOENT
+	}
+	sz, err := n.fs.layers.Getxattr(rel, n.getObj(), attr, dest)
+	if err != nil {
+		return 0, n.fs.toErrno("getxattr", err)
+	}
+	return uint32(sz), 0
+}
+
+var _ = (fusefs.NodeListxattrer)((*node)(nil))
+
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	rel, ok := n.rel()
+	if !ok {
+		return 0, syscall.ENOENT
+	}
+	names, err := n.fs.layers.Listxattr(rel, n.getObj())
+	if err != nil {
+		return 0, n.fs.toErrno("listxattr", err)
+	}
+	var b strings.Builder
+	for _, name := range names {
+		b.WriteString(name)
+		b.WriteByte(0)
+	}
+	if len(dest) == 0 {
+		return uint32(b.Len()), 0
+	}
+	if b.Len() > len(dest) {
+		return uint32(b.Len()), syscall.ERANGE
+	}
+	return uint32(copy(dest, b.String())), 0
+}
+
+var _ = (fusefs.NodeSetxattrer)((*node)(nil))
+
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	rel, ok := n.rel()
+	if !ok {
+		return syscall.ENOENT
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fs.toErrno("setxattr", n.fs.layers.Setxattr(rel, &n.obj, attr, data, int(flags), caller(ctx)))
+}
+
+var _ = (fusefs.NodeRemovexattrer)((*node)(nil))
+
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	rel, ok := n.rel()
+	if !ok {
+		return syscall.ENOENT
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fs.toErrno("removexattr", n.fs.layers.Removexattr(rel, &n.obj, attr, caller(ctx)))
+}

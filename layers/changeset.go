@@ -1,0 +1,360 @@
+package layers
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// ChangeKind is the final state of a touched path.
+type ChangeKind string
+
+// The kinds of change.
+const (
+	Created  ChangeKind = "created"
+	Modified ChangeKind = "modified"
+	Metadata ChangeKind = "metadata" // mode, owner, times or xattrs only
+	Deleted  ChangeKind = "deleted"
+	Renamed  ChangeKind = "renamed" // From is the original path
+	Linked   ChangeKind = "linked"  // a new hard link; From is another name of the file
+)
+
+// Change is one path of a change set.
+type Change struct {
+	Path string     `json:"path"`
+	Kind ChangeKind `json:"kind"`
+	From string     `json:"from,omitempty"`
+	Type string     `json:"type"`
+}
+
+// ChangeSet is every path a sandbox changed, sorted by path.
+type ChangeSet struct {
+	Changes []Change `json:"changes"`
+}
+
+// Changes computes the change set of a sandbox from its journal and the
+// state of exactly the paths the journal names, without a mount and without
+// walking either tree.
+func Changes(cfg Config) (ChangeSet, error) {
+	l, err := newLayers(cfg)
+	if err != nil {
+		return ChangeSet{}, err
+	}
+	recs, err := ReadJournal(cfg.journalPath())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return ChangeSet{}, err
+	}
+	return l.changes(recs)
+}
+
+// Changes computes the change set of this stack (see the function Changes).
+func (l *Layers) Changes() (ChangeSet, error) {
+	return l.changes(l.journal.Records())
+}
+
+// touched replays the journal's namespace operations: which paths were
+// touched (under their final names), what each was renamed from, what it
+// was linked to, and whether its content (not only metadata) changed.
+type touched struct {
+	paths   map[string]bool // path -> content op seen
+	from    map[string]string
+	link    map[string]string
+	deleted map[string]bool
+}
+
+func replay(recs []Record) *touched {
+	t := &touched{paths: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}}
+	for _, r := range recs {
+		switch r.Op {
+		case OpRename:
+			if r.Flags&unix.RENAME_EXCHANGE != 0 {
+				t.exchange(r.Path, r.Path2)
+				continue
+			}
+			t.move(r.Path, r.Path2)
+		case OpSetattr, OpSetxattr, OpRemovexattr:
+			t.paths[r.Path] = t.paths[r.Path] || false
+		case OpLink:
+			t.paths[r.Path] = true
+			t.link[r.Path] = r.Path2
+		default:
+			t.paths[r.Path] = true
+		}
+	}
+	return t
+}
+
+// move renames old to new in every record kept so far, subtree included.
+func (t *touched) move(old, new string) {
+	origFrom, ok := t.from[old]
+	if !ok {
+		origFrom = old
+	}
+	for _, m := range []map[string]string{t.from, t.link} {
+		for k, v := range m {
+			if nk, ok := under(k, old, new); ok {
+				delete(m, k)
+				m[nk] = v
+			}
+		}
+	}
+	for k, v := range t.paths {
+		if nk, ok := under(k, old, new); ok {
+			delete(t.paths, k)
+			t.paths[nk] = v
+		}
+	}
+	t.paths[old] = true
+	t.paths[new] = true
+	t.from[new] = origFrom
+}
+
+func (t *touched) exchange(a, b string) {
+	tmp := "\x00exchange"
+	t.move(a, tmp)
+	t.move(b, a)
+	t.move(tmp, b)
+	delete(t.paths, tmp)
+}
+
+// under maps p to the new prefix when p is old or lies beneath it.
+func under(p, old, new string) (string, bool) {
+	if p == old {
+		return new, true
+	}
+	if strings.HasPrefix(p, old+"/") {
+		return new + p[len(old):], true
+	}
+	return "", false
+}
+
+func (l *Layers) changes(recs []Record) (ChangeSet, error) {
+	t := replay(recs)
+	keys := make([]string, 0, len(t.paths))
+	for p := range t.paths {
+		if !strings.Contains(p, "\x00") {
+			keys = append(keys, p)
+		}
+	}
+	slices.Sort(keys)
+	var cs ChangeSet
+	for _, p := range keys {
+		c, ok, err := l.classify(p, t)
+		if err != nil {
+			return cs, err
+		}
+		if ok {
+			cs.Changes = append(cs.Changes, c)
+		}
+	}
+	return cs, nil
+}
+
+// classify compares the final overlay state of p with the original's.
+func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
+	if p == "" {
+		return Change{}, false, nil
+	}
+	ov, inOv, err := l.resolve(p)
+	if err != nil {
+		return Change{}, false, err
+	}
+	lo, inLo, err := l.resolveLower(p)
+	if err != nil {
+		return Change{}, false, err
+	}
+	c := Change{Path: p}
+	switch {
+	case !inOv && !inLo:
+		return c, false, nil
+	case !inOv:
+		c.Kind, c.Type = Deleted, typeName(lo.st.Mode)
+		return c, true, nil
+	}
+	c.Type = typeName(ov.Stat.Mode)
+	if from, ok := t.from[p]; ok && from != p {
+		if _, had, _ := l.resolveLower(from); had && l.cameFrom(p, &ov, from) {
+			c.Kind, c.From = Renamed, from
+			return c, true, nil
+		}
+	}
+	if !inLo {
+		c.Kind = Created
+		if to, ok := t.link[p]; ok {
+			c.Kind, c.From = Linked, to
+		}
+		return c, true, nil
+	}
+	if !l.inUpper(p) {
+		return c, false, nil // the original shows through unchanged
+	}
+	kind, err := l.compare(p, &ov, lo, t.paths[p])
+	if err != nil || kind == "" {
+		return c, false, err
+	}
+	c.Kind = kind
+	return c, true, nil
+}
+
+// cameFrom reports whether the overlay object at p is the original object
+// from (a renamed file carries its origin, a renamed directory its redirect).
+func (l *Layers) cameFrom(p string, e *Entry, from string) bool {
+	if e.IsDir() {
+		return len(e.Lowers) > 0 && e.Lowers[0].Path == from
+	}
+	return len(e.Lowers) > 0 && e.Lowers[0].Path == from
+}
+
+// compare classifies an object present in both the overlay (copied up) and
+// the original: Modified, Metadata or "" when nothing differs.
+func (l *Layers) compare(p string, ov *Entry, lo *lowerHit, content bool) (ChangeKind, error) {
+	up := l.UpperPath(p)
+	var ust unix.Stat_t
+	if err := unix.Lstat(up, &ust); err != nil {
+		return "", err
+	}
+	lpath := l.LowerPath(lo.origin)
+	if ust.Mode&unix.S_IFMT != lo.st.Mode&unix.S_IFMT {
+		return Modified, nil
+	}
+	switch ust.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		a, err1 := readlink(up)
+		b, err2 := readlink(lpath)
+		if err1 != nil || err2 != nil || a != b {
+			return Modified, nil
+		}
+	case unix.S_IFREG:
+		if content {
+			same, err := sameContent(up, lpath, ust.Size, lo.st.Size)
+			if err != nil {
+				return "", err
+			}
+			if !same {
+				return Modified, nil
+			}
+		}
+	case unix.S_IFCHR, unix.S_IFBLK:
+		if ust.Rdev != lo.st.Rdev {
+			return Modified, nil
+		}
+	}
+	if ust.Mode != lo.st.Mode || ust.Uid != lo.st.Uid || ust.Gid != lo.st.Gid ||
+		(ust.Mode&unix.S_IFMT != unix.S_IFDIR && ust.Mtim != lo.st.Mtim) || !l.sameXattrs(up, lpath) {
+		return Metadata, nil
+	}
+	return "", nil
+}
+
+func sameContent(a, b string, sa, sb int64) (bool, error) {
+	if sa != sb {
+		return false, nil
+	}
+	fa, err := os.Open(a)
+	if err != nil {
+		return false, err
+	}
+	defer fa.Close()
+	fb, err := os.Open(b)
+	if err != nil {
+		return false, err
+	}
+	defer fb.Close()
+	ba, bb := make([]byte, 256<<10), make([]byte, 256<<10)
+	for {
+		na, ea := io.ReadFull(fa, ba)
+		nb, eb := io.ReadFull(fb, bb)
+		if na != nb || !bytes.Equal(ba[:na], bb[:nb]) {
+			return false, nil
+		}
+		if ea != nil || eb != nil {
+			return errors.Is(ea, io.EOF) || errors.Is(ea, io.ErrUnexpectedEOF), nil
+		}
+	}
+}
+
+func (l *Layers) sameXattrs(a, b string) bool {
+	na, _ := fsutil.LListXattrs(a)
+	nb, _ := fsutil.LListXattrs(b)
+	na = slices.DeleteFunc(na, l.Private)
+	nb = slices.DeleteFunc(nb, l.Private)
+	slices.Sort(na)
+	slices.Sort(nb)
+	if !slices.Equal(na, nb) {
+		return false
+	}
+	for _, n := range na {
+		va, _ := fsutil.LGetXattr(a, n)
+		vb, _ := fsutil.LGetXattr(b, n)
+		if !bytes.Equal(va, vb) {
+			return false
+		}
+	}
+	return true
+}
+
+// resolve looks p up in the overlay from the root.
+func (l *Layers) resolve(p string) (Entry, bool, error) {
+	e, err := l.Root()
+	if err != nil {
+		return e, false, err
+	}
+	dir := ""
+	for _, name := range splitRel(p) {
+		if !e.IsDir() {
+			return e, false, nil
+		}
+		e, err = l.Lookup(dir, e.Obj, name)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return e, false, nil
+		}
+		if err != nil {
+			return e, false, err
+		}
+		dir = Join(dir, name)
+	}
+	return e, true, nil
+}
+
+// resolveLower looks p up in the lower layers only: the original.
+func (l *Layers) resolveLower(p string) (*lowerHit, bool, error) {
+	var cur []Origin
+	for i := range l.lowers {
+		cur = append(cur, Origin{Layer: i})
+	}
+	names := splitRel(p)
+	for i, name := range names {
+		first, dirs, err := l.stepLowers(cur, name, false)
+		if err != nil || first == nil {
+			return nil, false, err
+		}
+		if i == len(names)-1 {
+			return first, true, nil
+		}
+		cur = dirs
+	}
+	return nil, false, nil
+}
+
+func typeName(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "file"
+	case unix.S_IFDIR:
+		return "dir"
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFIFO:
+		return "fifo"
+	case unix.S_IFSOCK:
+		return "socket"
+	}
+	return "device"
+}

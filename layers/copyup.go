@@ -1,0 +1,212 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// CopyUp makes the object at rel present in the upper layer, with its
+// content, mode, owner, times and xattrs; o is updated. It is a no-op for an
+// object already there. The copy is built under a temporary name in the work
+// directory, made durable and then renamed into place, so a crash leaves
+// either no copy or a whole one.
+func (l *Layers) CopyUp(rel string, o *Obj) error {
+	return l.copyUp(rel, o, true)
+}
+
+func (l *Layers) copyUp(rel string, o *Obj, data bool) error {
+	if o.Upper {
+		return nil
+	}
+	if l.inUpper(rel) {
+		o.Upper = true
+		return nil
+	}
+	if len(o.Lowers) == 0 {
+		return fmt.Errorf("copy up %q: %w", rel, unix.ENOENT)
+	}
+	if err := l.ensureParents(rel); err != nil {
+		return err
+	}
+	if err := l.copyUpOne(rel, o.Lowers[0], data); err != nil {
+		return fmt.Errorf("copy up %q: %w", rel, err)
+	}
+	o.Upper = true
+	return nil
+}
+
+// ensureParents creates every missing ancestor directory of rel in the upper
+// layer, copied up from the lower directories they merge.
+func (l *Layers) ensureParents(rel string) error {
+	parent := filepath.Dir(rel)
+	if parent == "." || l.inUpper(parent) {
+		return nil
+	}
+	comps := splitRel(parent)
+	cur := ""
+	for _, name := range comps {
+		next := Join(cur, name)
+		if !l.inUpper(next) {
+			lowers := l.lowerDirsOf(next)
+			if len(lowers) == 0 {
+				return fmt.Errorf("copy up parent %q: %w", next, unix.ENOENT)
+			}
+			if err := l.copyUpOne(next, lowers[0], false); err != nil {
+				return fmt.Errorf("copy up parent %q: %w", next, err)
+			}
+		}
+		cur = next
+	}
+	return nil
+}
+
+// copyUpOne copies the single lower object src to rel in the upper layer.
+func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
+	spath := l.LowerPath(src)
+	var st unix.Stat_t
+	if err := unix.Lstat(spath, &st); err != nil {
+		return err
+	}
+	og := origin{layer: src.Layer, path: src.Path}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink == 1 {
+		og.ino = l.stableIno(st.Dev, st.Ino)
+	}
+	tmp := filepath.Join(l.work, fsutil.TempName(".copyup-"))
+	if err := l.buildCopy(tmp, spath, &st, og, data); err != nil {
+		removeTemp(tmp)
+		return err
+	}
+	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, l.UpperPath(rel), unix.RENAME_NOREPLACE)
+	if err != nil {
+		removeTemp(tmp)
+		if errors.Is(err, unix.EEXIST) {
+			return nil // a concurrent copy-up won; its copy is as good
+		}
+		return err
+	}
+	return nil
+}
+
+func removeTemp(path string) {
+	if unix.Unlink(path) != nil {
+		_ = unix.Rmdir(path)
+	}
+}
+
+// buildCopy makes the copy of the lower object spath (attributes st) at tmp.
+func (l *Layers) buildCopy(tmp, spath string, st *unix.Stat_t, og origin, data bool) error {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return l.copyFile(tmp, spath, st, og, data)
+	case unix.S_IFDIR:
+		if err := unix.Mkdir(tmp, 0o700); err != nil {
+			return err
+		}
+	case unix.S_IFLNK:
+		target, err := readlink(spath)
+		if err != nil {
+			return err
+		}
+		if err := unix.Symlink(target, tmp); err != nil {
+			return err
+		}
+	default: // fifo, socket, device
+		if err := unix.Mknod(tmp, st.Mode, int(st.Rdev)); err != nil {
+			return err
+		}
+	}
+	return l.copyMeta(tmp, spath, st, og)
+}
+
+func (l *Layers) copyFile(tmp, spath string, st *unix.Stat_t, og origin, data bool) error {
+	src, err := unix.Open(spath, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	dst, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	if data {
+		if err := fsutil.CopyData(dst, src); err != nil {
+			return err
+		}
+	}
+	if err := fsutil.CopyXattrs(dst, src, l.Private); err != nil {
+		return err
+	}
+	if err := l.setOrigin(dst, og); err != nil {
+		return err
+	}
+	if l.root {
+		if err := unix.Fchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
+	}
+	if err := unix.Fchmod(dst, st.Mode&0o7777); err != nil {
+		return err
+	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, tmp, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	return unix.Fsync(dst)
+}
+
+// copyMeta copies owner, mode, xattrs and times from spath to the new
+// non-regular object at tmp, and records its origin where the filesystem
+// allows an attribute on that kind of object.
+func (l *Layers) copyMeta(tmp, spath string, st *unix.Stat_t, og origin) error {
+	isLink := st.Mode&unix.S_IFMT == unix.S_IFLNK
+	if names, err := fsutil.LListXattrs(spath); err == nil {
+		for _, n := range names {
+			if l.Private(n) {
+				continue
+			}
+			v, err := fsutil.LGetXattr(spath, n)
+			if err != nil {
+				continue
+			}
+			if err := unix.Lsetxattr(tmp, n, v, 0); err != nil && !permissionLike(err) {
+				return err
+			}
+		}
+	}
+	if err := unix.Lsetxattr(tmp, l.ns.origin, og.encode(), 0); err != nil && !permissionLike(err) {
+		return err
+	}
+	if l.root {
+		if err := unix.Lchown(tmp, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
+	}
+	if !isLink {
+		if err := unix.Chmod(tmp, st.Mode&0o7777); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, tmp, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// permissionLike reports errors that mean "this kind of object or namespace
+// takes no such attribute here" (user.* on a symlink, trusted.* unprivileged).
+func permissionLike(err error) bool {
+	return errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EACCES)
+}
+
+func readlink(path string) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlink(path, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}

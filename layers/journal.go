@@ -1,0 +1,455 @@
+package layers
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// Op is the kind of a mutating operation recorded in the change journal.
+// The values are stored on disk: never renumber them, only add new ones.
+type Op uint8
+
+// The operations of the journal.
+const (
+	OpCreate      Op = iota + 1 // new regular file
+	OpMkdir                     // new directory
+	OpMknod                     // fifo, socket, device
+	OpSymlink                   // new symlink
+	OpLink                      // Path = new name, Path2 = existing name
+	OpUnlink                    // removed non-directory
+	OpRmdir                     // removed directory
+	OpRename                    // Path = old name, Path2 = new name; Flags = renameat2 flags
+	OpWrite                     // a file was opened for writing (or written through mmap/passthrough)
+	OpTruncate                  // size changed by truncate
+	OpSetattr                   // chmod/chown/utimes; Flags = the FATTR mask
+	OpSetxattr                  // extended attribute set
+	OpRemovexattr               // extended attribute removed
+)
+
+var opNames = [...]string{
+	OpCreate: "create", OpMkdir: "mkdir", OpMknod: "mknod", OpSymlink: "symlink",
+	OpLink: "link", OpUnlink: "unlink", OpRmdir: "rmdir", OpRename: "rename",
+	OpWrite: "write", OpTruncate: "truncate", OpSetattr: "setattr",
+	OpSetxattr: "setxattr", OpRemovexattr: "removexattr",
+}
+
+// String returns the stable lowercase name of o ("create", "mkdir", ...),
+// used in JSON output; an unknown value gives "op(N)".
+func (o Op) String() string {
+	if o.valid() {
+		return opNames[o]
+	}
+	return "op(" + strconv.Itoa(int(o)) + ")"
+}
+
+func (o Op) valid() bool { return o >= OpCreate && o <= OpRemovexattr }
+
+// Record is one journal entry.
+type Record struct {
+	Op    Op
+	Path  string    // overlay-relative path, no leading slash ("" = root)
+	Path2 string    // second path (rename target, link source), else ""
+	Time  time.Time // UTC, nanosecond precision
+	Pid   uint32    // caller pid, 0 when unknown
+	Flags uint32
+}
+
+// Errors for a journal this code cannot read.
+var (
+	ErrJournalMagic   = errors.New("not an sbxfs journal (bad magic or corrupt header)")
+	ErrJournalVersion = errors.New("unsupported sbxfs journal version")
+)
+
+// The format, described in docs/journal-format.md.
+const (
+	journalMagic     = "SBXFSJNL"
+	journalVersion   = 1
+	journalHeaderLen = 16                    // magic, version, CRC of both
+	recordHeaderLen  = 8                     // payload length, payload CRC
+	recordFixedLen   = 1 + 8 + 4 + 4 + 4 + 4 // op, nanos, pid, flags, two string lengths
+	maxRecordPayload = 1 << 20
+)
+
+var journalCRC = crc32.MakeTable(crc32.Castagnoli)
+
+// journalHeader returns the header of a version 1 journal.
+func journalHeader() []byte {
+	b := append(make([]byte, 0, journalHeaderLen), journalMagic...)
+	b = binary.LittleEndian.AppendUint32(b, journalVersion)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, journalCRC))
+}
+
+// isTornHeader reports whether data is a strict prefix of the header: the
+// file was created but its header not (fully) written.
+func isTornHeader(data []byte) bool {
+	h := journalHeader()
+	return len(data) < len(h) && string(data) == string(h[:len(data)])
+}
+
+// appendRecord appends the encoding of r, which must be valid, to b.
+func appendRecord(b []byte, r *Record) []byte {
+	start := len(b)
+	b = binary.LittleEndian.AppendUint32(b, uint32(recordFixedLen+len(r.Path)+len(r.Path2)))
+	b = append(b, 0, 0, 0, 0) // CRC, set below
+	b = append(b, byte(r.Op))
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.Time.UnixNano()))
+	b = binary.LittleEndian.AppendUint32(b, r.Pid)
+	b = binary.LittleEndian.AppendUint32(b, r.Flags)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Path)))
+	b = append(b, r.Path...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Path2)))
+	b = append(b, r.Path2...)
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(b[start+recordHeaderLen:], journalCRC))
+	return b
+}
+
+// DecodeJournal decodes a whole journal. It returns the records up to the
+// first one that is torn or corrupt and validLen, the length of the header
+// and those records. err is only for a bad header (ErrJournalMagic,
+// ErrJournalVersion). It never panics and allocates at most in proportion to
+// len(data).
+func DecodeJournal(data []byte) (recs []Record, validLen int, err error) {
+	if err := checkJournalHeader(data); err != nil {
+		return nil, 0, err
+	}
+	off := journalHeaderLen
+	for {
+		r, n, ok := decodeRecord(data[off:])
+		if !ok {
+			return recs, off, nil
+		}
+		recs = append(recs, r)
+		off += n
+	}
+}
+
+// checkJournalHeader checks magic, then version (before the checksum: a
+// future version may lay out the rest of its header differently), then CRC.
+func checkJournalHeader(data []byte) error {
+	if len(data) < len(journalMagic) || string(data[:len(journalMagic)]) != journalMagic {
+		return fmt.Errorf("%w: magic %q", ErrJournalMagic, data[:min(len(data), len(journalMagic))])
+	}
+	if len(data) < journalHeaderLen {
+		return fmt.Errorf("%w: header truncated at %d bytes", ErrJournalMagic, len(data))
+	}
+	if v := binary.LittleEndian.Uint32(data[8:]); v != journalVersion {
+		return fmt.Errorf("%w: version %d, this sbxfs reads version %d", ErrJournalVersion, v, journalVersion)
+	}
+	if binary.LittleEndian.Uint32(data[12:]) != crc32.Checksum(data[:12], journalCRC) {
+		return fmt.Errorf("%w: header checksum mismatch", ErrJournalMagic)
+	}
+	return nil
+}
+
+// decodeRecord decodes the record at the start of b and returns it with its
+// encoded length; ok is false if b does not start with a whole valid record.
+func decodeRecord(b []byte) (r Record, n int, ok bool) {
+	if len(b) < recordHeaderLen {
+		return r, 0, false
+	}
+	plen := binary.LittleEndian.Uint32(b)
+	if plen < recordFixedLen || plen > maxRecordPayload || uint64(plen) > uint64(len(b)-recordHeaderLen) {
+		return r, 0, false
+	}
+	p := b[recordHeaderLen : recordHeaderLen+int(plen)]
+	if crc32.Checksum(p, journalCRC) != binary.LittleEndian.Uint32(b[4:]) {
+		return r, 0, false
+	}
+	if !Op(p[0]).valid() {
+		return r, 0, false
+	}
+	r = Record{
+		Op:    Op(p[0]),
+		Time:  time.Unix(0, int64(binary.LittleEndian.Uint64(p[1:]))).UTC(),
+		Pid:   binary.LittleEndian.Uint32(p[9:]),
+		Flags: binary.LittleEndian.Uint32(p[13:]),
+	}
+	rest := p[17:]
+	if r.Path, rest, ok = cutString(rest); !ok {
+		return Record{}, 0, false
+	}
+	if r.Path2, rest, ok = cutString(rest); !ok || len(rest) != 0 {
+		return Record{}, 0, false
+	}
+	return r, recordHeaderLen + int(plen), true
+}
+
+// cutString decodes a u32 length and that many bytes from the start of b.
+func cutString(b []byte) (s string, rest []byte, ok bool) {
+	if len(b) < 4 {
+		return "", nil, false
+	}
+	n := binary.LittleEndian.Uint32(b)
+	if uint64(n) > uint64(len(b)-4) {
+		return "", nil, false
+	}
+	return string(b[4 : 4+n]), b[4+n:], true
+}
+
+// Journal is an open change journal, appended to by one process (OpenJournal
+// takes an exclusive flock). It is safe for concurrent use.
+type Journal struct {
+	path   string
+	syncMu sync.Mutex // serialises Sync and Close; held across fdatasync
+	mu     sync.Mutex // guards the fields below; never held across fdatasync
+
+	fd        int      // -1 once closed
+	size      int64    // bytes of header and records in the file
+	recs      []Record // every record in the file
+	gen       uint64   // number of appends so far
+	syncedGen uint64   // gen covered by the last successful Sync
+	err       error    // sticky: the file or its durability is in doubt
+}
+
+const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+
+// OpenJournal opens the journal at path for appending, creating it (mode
+// 0600) with its header when absent. path itself must not be a symlink. An
+// existing journal is checked (ErrJournalMagic, ErrJournalVersion) and
+// scanned; a torn or corrupt tail, everything from the first bad record on,
+// is truncated away. Records returns what was read. A second OpenJournal of
+// the same file, in any process, fails with EWOULDBLOCK until Close.
+func OpenJournal(path string) (*Journal, error) {
+	fd, err := unix.Open(path, journalOpenFlags|unix.O_CREAT|unix.O_EXCL, 0o600)
+	if errors.Is(err, unix.EEXIST) {
+		fd, err = unix.Open(path, journalOpenFlags, 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open journal %q: %w", path, err)
+	}
+	j := &Journal{path: path, fd: fd}
+	if err := j.load(); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open journal %q: %w", path, err)
+	}
+	return j, nil
+}
+
+// load locks the file, then reads it or writes the header of a new one.
+// O_NONBLOCK in the open flags keeps a FIFO planted at the path from
+// blocking; on a regular file it has no effect.
+func (j *Journal) load() error {
+	if err := unix.Flock(j.fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("lock (open elsewhere?): %w", err)
+	}
+	data, err := readJournalFd(j.fd)
+	if err != nil {
+		return err
+	}
+	if isTornHeader(data) {
+		return j.writeHeader()
+	}
+	recs, valid, err := DecodeJournal(data)
+	if err != nil {
+		return err
+	}
+	if valid < len(data) {
+		if err := unix.Ftruncate(j.fd, int64(valid)); err != nil {
+			return fmt.Errorf("truncate torn tail at %d of %d bytes: %w", valid, len(data), err)
+		}
+		if err := unix.Fdatasync(j.fd); err != nil {
+			return fmt.Errorf("sync after truncating the tail: %w", err)
+		}
+	}
+	j.recs, j.size = recs, int64(valid)
+	return nil
+}
+
+// writeHeader starts a new journal: header, fdatasync, fsync of the directory.
+func (j *Journal) writeHeader() error {
+	if err := unix.Ftruncate(j.fd, 0); err != nil {
+		return fmt.Errorf("truncate torn header: %w", err)
+	}
+	if err := j.write(journalHeader()); err != nil {
+		return fmt.Errorf("write header: %w", err)
+	}
+	if err := unix.Fdatasync(j.fd); err != nil {
+		return fmt.Errorf("sync header: %w", err)
+	}
+	return fsutil.SyncDir(filepath.Dir(j.path))
+}
+
+// Append adds r to the journal. A zero r.Time means now; the time is stored
+// in UTC with nanosecond precision (years 1678 to 2262). The record is
+// written with one write(2) on an O_APPEND fd, so a process crash leaves at
+// worst a torn tail that the next OpenJournal removes; it is durable after
+// Sync. If the write fails, the partial record is truncated away; if even
+// that fails, every later Append and Sync fails. Append fails after Close.
+func (j *Journal) Append(r Record) error {
+	if !r.Op.valid() {
+		return fmt.Errorf("journal append: unknown op %d: %w", r.Op, unix.EINVAL)
+	}
+	if n := recordFixedLen + len(r.Path) + len(r.Path2); n > maxRecordPayload {
+		return fmt.Errorf("journal append %s: record of %d bytes over the limit: %w", r.Op, n, unix.ENAMETOOLONG)
+	}
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.Time = time.Unix(0, r.Time.UnixNano()).UTC() // exactly what a reader decodes
+	buf := appendRecord(nil, &r)
+
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.fd < 0:
+		return fmt.Errorf("journal append: %w", os.ErrClosed)
+	case j.err != nil:
+		return fmt.Errorf("journal append: %w", j.err)
+	}
+	if err := j.write(buf); err != nil {
+		return fmt.Errorf("journal %q: append %s %q: %w", j.path, r.Op, r.Path, err)
+	}
+	j.recs = append(j.recs, r)
+	j.gen++
+	return nil
+}
+
+// write appends buf to the file at j.size, with j.mu held. A short write
+// (the disk filled up mid-record) is continued to learn the errno; on error
+// the file is truncated back to j.size.
+func (j *Journal) write(buf []byte) error {
+	for done := 0; done < len(buf); {
+		n, err := unix.Write(j.fd, buf[done:])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err == nil && n == 0 {
+			err = unix.EIO
+		}
+		if err != nil {
+			if terr := unix.Ftruncate(j.fd, j.size); terr != nil {
+				j.err = fmt.Errorf("partial record left in %q (truncate: %v): %w", j.path, terr, err)
+				return j.err
+			}
+			return err
+		}
+		done += n
+	}
+	j.size += int64(len(buf))
+	return nil
+}
+
+// Sync makes every appended record durable (fdatasync). It returns at once
+// when nothing was appended since the last Sync. After a failed fdatasync
+// the kernel may have dropped the unwritten pages, so the failure is sticky:
+// later Appends and Syncs fail too.
+func (j *Journal) Sync() error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	return j.syncLocked()
+}
+
+// syncLocked is Sync with j.syncMu held.
+func (j *Journal) syncLocked() error {
+	j.mu.Lock()
+	fd, gen, clean, err := j.fd, j.gen, j.gen == j.syncedGen, j.err
+	j.mu.Unlock()
+	switch {
+	case fd < 0:
+		return fmt.Errorf("journal sync: %w", os.ErrClosed)
+	case err != nil:
+		return fmt.Errorf("journal sync: %w", err)
+	case clean:
+		return nil
+	}
+	// fd stays open: Close needs j.syncMu, held here.
+	if err := unix.Fdatasync(fd); err != nil {
+		err = fmt.Errorf("journal %q: fdatasync: %w", j.path, err)
+		j.mu.Lock()
+		j.err = err
+		j.mu.Unlock()
+		return err
+	}
+	j.mu.Lock()
+	j.syncedGen = gen
+	j.mu.Unlock()
+	return nil
+}
+
+// Records returns a copy of every record of the journal: those read by
+// OpenJournal and those appended since.
+func (j *Journal) Records() []Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.recs)
+}
+
+// Close syncs the journal and closes it, releasing its lock. Records still
+// works after Close; Append and Sync fail.
+func (j *Journal) Close() error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	err := j.syncLocked()
+	if errors.Is(err, os.ErrClosed) {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if cerr := unix.Close(j.fd); cerr != nil && err == nil {
+		err = fmt.Errorf("journal %q: close: %w", j.path, cerr)
+	}
+	j.fd = -1
+	return err
+}
+
+// ReadJournal returns the valid records of the journal at path without
+// changing it: a torn or corrupt tail is ignored, not truncated. It does not
+// take the lock, so it can read a journal open in another process.
+func ReadJournal(path string) ([]Record, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read journal %q: %w", path, err)
+	}
+	defer unix.Close(fd)
+	data, err := readJournalFd(fd)
+	if err != nil {
+		return nil, fmt.Errorf("read journal %q: %w", path, err)
+	}
+	if isTornHeader(data) {
+		return nil, nil
+	}
+	recs, _, err := DecodeJournal(data)
+	if err != nil {
+		return nil, fmt.Errorf("read journal %q: %w", path, err)
+	}
+	return recs, nil
+}
+
+// readJournalFd reads the whole regular file open as fd.
+func readJournalFd(fd int) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("not a regular file (mode %#o): %w", st.Mode, unix.EINVAL)
+	}
+	buf := make([]byte, st.Size)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Pread(fd, buf[n:], int64(n))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read at %d: %w", n, err)
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	return buf[:n], nil
+}

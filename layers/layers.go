@@ -1,0 +1,269 @@
+// Package layers is the overlay model of sbxfs, independent of FUSE: lookup
+// through the upper layer and then the lower layers, copy-up, whiteouts,
+// opaque and redirected directories, the change journal and the change set.
+//
+// The upper layer uses the kernel overlayfs on-disk layout (see
+// docs/upper-format.md): a whiteout is a character device 0/0, an opaque
+// directory carries the overlay "opaque" xattr and a renamed lower directory
+// carries the overlay "redirect" xattr, in the trusted.* namespace when the
+// server runs as root and in user.* otherwise.
+//
+// Paths handed to this package are overlay-relative ("" is the root, "a/b"
+// a descendant) and already clean: callers build them from names the kernel
+// gave, one component at a time.
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config describes one overlay stack.
+type Config struct {
+	Upper  string   // writable layer
+	Work   string   // scratch directory on the same filesystem as Upper
+	Lowers []string // read-only layers, top first; Lowers[0] is the original
+	// UserXattrs selects the user.overlay.* namespace; the default is
+	// trusted.overlay.* when running as root and user.overlay.* otherwise.
+	UserXattrs bool
+	// Journal is the change journal path; empty means Work/journal.
+	Journal string
+}
+
+// Origin names an object in a lower layer.
+type Origin struct {
+	Layer int    // index into Config.Lowers
+	Path  string // path relative to that layer's root
+}
+
+// Obj says where one overlay object lives. For a non-directory, Upper is
+// authoritative once set (copy-up is one-way) and Lowers holds at most the
+// content source. For a directory, the upper part is always checked live and
+// Lowers lists the lower directories merged beneath it, top first.
+type Obj struct {
+	Upper  bool
+	Lowers []Origin
+}
+
+// Entry is the result of a lookup: where the object lives and its attributes
+// (with the stable inode number in Stat.Ino).
+type Entry struct {
+	Obj
+	Stat unix.Stat_t
+}
+
+// IsDir reports whether the entry is a directory.
+func (e *Entry) IsDir() bool { return e.Stat.Mode&unix.S_IFMT == unix.S_IFDIR }
+
+// Caller identifies who asked for an operation: the owner of new objects
+// and the pid recorded in the journal.
+type Caller struct {
+	Pid uint32
+	Uid uint32
+	Gid uint32
+}
+
+// Layers is one mounted overlay stack. It is safe for concurrent use; the
+// caller serialises operations on the same names the way the kernel does
+// (directory locks), so this type keeps no lock per path.
+type Layers struct {
+	upper  string
+	work   string
+	lowers []string
+	ns     xattrNames
+	root   bool // running as root: chown new objects to the caller
+
+	upperDev  uint64
+	lowerDevs []uint64
+
+	devMu  sync.Mutex
+	devIdx map[uint64]uint64
+
+	journal *Journal
+}
+
+// Errors a caller may want to tell apart.
+var (
+	ErrBadConfig    = errors.New("invalid overlay configuration")
+	ErrCrossDevice  = errors.New("upper and work directories are on different filesystems")
+	ErrReservedName = errors.New("name is reserved for sbxfs")
+)
+
+// Open validates cfg, opens the journal (creating it when absent) and returns
+// the stack.
+func Open(cfg Config) (*Layers, error) {
+	l, err := newLayers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	j, err := OpenJournal(cfg.journalPath())
+	if err != nil {
+		return nil, err
+	}
+	l.journal = j
+	if err := l.adoptRoot(); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// adoptRoot gives a new upper root the original root's owner, mode and
+// times, so the mount's root looks like the original's (the upper itself
+// sits in a private 0700 directory).
+func (l *Layers) adoptRoot() error {
+	if _, ok := l.readOrigin(l.upper); ok {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(l.lowers[0], &st); err != nil {
+		return fmt.Errorf("original %q: %w", l.lowers[0], err)
+	}
+	if l.root {
+		if err := unix.Lchown(l.upper, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
+	}
+	if err := unix.Chmod(l.upper, st.Mode&0o7777); err != nil {
+		return err
+	}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, l.upper, []unix.Timespec{st.Atim, st.Mtim}, 0); err != nil {
+		return err
+	}
+	og := origin{ino: l.stableIno(st.Dev, st.Ino), path: ""}
+	if err := unix.Lsetxattr(l.upper, l.ns.origin, og.encode(), 0); err != nil {
+		return fmt.Errorf("upper %q takes no %s attributes (%w); put the upper on a filesystem with xattr support", l.upper, l.ns.overlay, err)
+	}
+	return nil
+}
+
+func (cfg *Config) userXattrs() bool { return cfg.UserXattrs || os.Geteuid() != 0 }
+
+func (cfg *Config) journalPath() string {
+	if cfg.Journal != "" {
+		return cfg.Journal
+	}
+	return filepath.Join(cfg.Work, "journal")
+}
+
+// newLayers validates cfg and returns a stack without a journal, for
+// read-only inspection.
+func newLayers(cfg Config) (*Layers, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	l := &Layers{
+		upper:  cfg.Upper,
+		work:   cfg.Work,
+		lowers: cfg.Lowers,
+		ns:     newXattrNames(cfg.userXattrs()),
+		root:   os.Geteuid() == 0,
+		devIdx: map[uint64]uint64{},
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(l.upper, &st); err != nil {
+		return nil, fmt.Errorf("upper %q: %w", l.upper, err)
+	}
+	l.devIdx[st.Dev] = 0 // the upper's device keeps raw inode numbers
+	l.upperDev = st.Dev
+	for _, d := range l.lowers {
+		var ls unix.Stat_t
+		if err := unix.Stat(d, &ls); err != nil {
+			return nil, fmt.Errorf("lower %q: %w", d, err)
+		}
+		l.lowerDevs = append(l.lowerDevs, ls.Dev)
+	}
+	return l, nil
+}
+
+func (cfg *Config) validate() error {
+	if cfg.Upper == "" || cfg.Work == "" || len(cfg.Lowers) == 0 {
+		return fmt.Errorf("%w: upper, work and at least one lower are required", ErrBadConfig)
+	}
+	dirs := append([]string{cfg.Upper, cfg.Work}, cfg.Lowers...)
+	for _, d := range dirs {
+		if !filepath.IsAbs(d) {
+			return fmt.Errorf("%w: %q is not an absolute path", ErrBadConfig, d)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(d, &st); err != nil {
+			return fmt.Errorf("%w: %q: %v", ErrBadConfig, d, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return fmt.Errorf("%w: %q is not a directory", ErrBadConfig, d)
+		}
+	}
+	var us, ws unix.Stat_t
+	_ = unix.Stat(cfg.Upper, &us)
+	_ = unix.Stat(cfg.Work, &ws)
+	if us.Dev != ws.Dev {
+		return fmt.Errorf("%w: %q and %q", ErrCrossDevice, cfg.Upper, cfg.Work)
+	}
+	return nil
+}
+
+// Close flushes and closes the journal.
+func (l *Layers) Close() error {
+	if err := l.journal.Sync(); err != nil {
+		l.journal.Close()
+		return err
+	}
+	return l.journal.Close()
+}
+
+// Journal returns the change journal of this stack.
+func (l *Layers) Journal() *Journal { return l.journal }
+
+// Sync makes every journal record appended so far durable.
+func (l *Layers) Sync() error { return l.journal.Sync() }
+
+// UpperPath returns the real path of rel in the upper layer.
+func (l *Layers) UpperPath(rel string) string { return join(l.upper, rel) }
+
+// LowerPath returns the real path of an origin.
+func (l *Layers) LowerPath(o Origin) string { return join(l.lowers[o.Layer], o.Path) }
+
+// UpperDir is the upper layer's root.
+func (l *Layers) UpperDir() string { return l.upper }
+
+// XattrPrefix is the namespace sbxfs and overlayfs use for their own
+// attributes ("trusted.overlay." or "user.overlay.").
+func (l *Layers) XattrPrefix() string { return l.ns.overlay }
+
+func join(root, rel string) string {
+	if rel == "" {
+		return root
+	}
+	return root + "/" + rel
+}
+
+// Join appends name to the overlay-relative directory path dir.
+func Join(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// stableIno maps an inode number of the filesystem dev to the overlay's
+// inode number space: objects on the upper's filesystem keep their number,
+// other filesystems get a distinct prefix in the top byte (as overlayfs xino).
+func (l *Layers) stableIno(dev, ino uint64) uint64 {
+	l.devMu.Lock()
+	idx, ok := l.devIdx[dev]
+	if !ok {
+		idx = uint64(len(l.devIdx))
+		l.devIdx[dev] = idx
+	}
+	l.devMu.Unlock()
+	return ino ^ idx<<56
+}
+
+func (l *Layers) record(op Op, path, path2 string, flags uint32, c Caller) error {
+	return l.journal.Append(Record{Op: op, Path: path, Path2: path2, Flags: flags, Pid: c.Pid, Time: now()})
+}

@@ -1,0 +1,264 @@
+package layers
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// stack is a Layers over a real lower tree in a temp dir, driven through
+// its API the way the FUSE layer drives it (no mount needed).
+type stack struct {
+	*Layers
+	t     *testing.T
+	lower string
+	c     Caller
+}
+
+func newStack(t *testing.T, files map[string]string) *stack {
+	t.Helper()
+	dir := t.TempDir()
+	lower, upper, work := filepath.Join(dir, "lower"), filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	for _, d := range []string{lower, upper, work} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	writeTree(t, lower, files)
+	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return &stack{Layers: l, t: t, lower: lower, c: Caller{Pid: 1}}
+}
+
+// writeTree makes files ("content"), dirs (trailing "/") and symlinks
+// ("-> target") under root.
+func writeTree(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for p, v := range files {
+		full := filepath.Join(root, p)
+		switch {
+		case p[len(p)-1] == '/':
+			require.NoError(t, os.MkdirAll(full, 0o755))
+		case len(v) > 3 && v[:3] == "-> ":
+			require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+			require.NoError(t, os.Symlink(v[3:], full))
+		default:
+			require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+			require.NoError(t, os.WriteFile(full, []byte(v), 0o644))
+		}
+	}
+}
+
+// lookup resolves a path from the root, as a chain of FUSE lookups.
+func (s *stack) lookup(p string) (Entry, error) {
+	e, ok, err := s.resolve(p)
+	if err == nil && !ok {
+		err = unix.ENOENT
+	}
+	return e, err
+}
+
+func (s *stack) dir(p string) Obj {
+	e, err := s.lookup(p)
+	require.NoError(s.t, err, p)
+	return e.Obj
+}
+
+func (s *stack) names(p string) []string {
+	ents, err := s.ReadDir(p, s.dir(p))
+	require.NoError(s.t, err)
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *stack) read(p string) string {
+	e, err := s.lookup(p)
+	require.NoError(s.t, err, p)
+	fd, _, err := s.Open(p, &e.Obj, unix.O_RDONLY, s.c)
+	require.NoError(s.t, err)
+	defer unix.Close(fd)
+	buf := make([]byte, 1<<16)
+	n, err := unix.Read(fd, buf)
+	require.NoError(s.t, err)
+	return string(buf[:n])
+}
+
+func (s *stack) write(p, data string) {
+	e, err := s.lookup(p)
+	require.NoError(s.t, err, p)
+	fd, upper, err := s.Open(p, &e.Obj, unix.O_WRONLY|unix.O_TRUNC, s.c)
+	require.NoError(s.t, err)
+	require.True(s.t, upper, "a write open must be of the upper copy")
+	_, err = unix.Write(fd, []byte(data))
+	require.NoError(s.t, err)
+	require.NoError(s.t, unix.Close(fd))
+}
+
+func isWhiteout(t *testing.T, path string) bool {
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil {
+		return false
+	}
+	return fsutil.IsWhiteout(&st)
+}
+
+func TestLookupAndReadDirMerge(t *testing.T) {
+	s := newStack(t, map[string]string{"a": "A", "d/b": "B", "d/e/": "", "l": "-> a"})
+	assert.Equal(t, []string{"a", "d", "l"}, s.names(""))
+	assert.Equal(t, []string{"b", "e"}, s.names("d"))
+	assert.Equal(t, "B", s.read("d/b"))
+	target, err := s.Readlink("l", s.dir("l"))
+	require.NoError(t, err)
+	assert.Equal(t, "a", target)
+	_, err = s.lookup("missing")
+	assert.ErrorIs(t, err, unix.ENOENT)
+}
+
+func TestCopyUpKeepsOriginalAndInode(t *testing.T) {
+	s := newStack(t, map[string]string{"d/f": "old"})
+	require.NoError(t, os.Chmod(filepath.Join(s.lower, "d/f"), 0o640))
+	require.NoError(t, unix.Lsetxattr(filepath.Join(s.lower, "d/f"), "user.k", []byte("v"), 0))
+	before, err := s.lookup("d/f")
+	require.NoError(t, err)
+	s.write("d/f", "new")
+	assert.Equal(t, "new", s.read("d/f"))
+	orig, err := os.ReadFile(filepath.Join(s.lower, "d/f"))
+	require.NoError(t, err)
+	assert.Equal(t, "old", string(orig), "the original must never change")
+	after, err := s.lookup("d/f")
+	require.NoError(t, err)
+	assert.True(t, after.Upper)
+	assert.Equal(t, before.Stat.Ino, after.Stat.Ino, "st_ino survives copy-up")
+	assert.Equal(t, uint32(0o640), after.Stat.Mode&0o7777)
+	v, err := fsutil.LGetXattr(s.UpperPath("d/f"), "user.k")
+	require.NoError(t, err)
+	assert.Equal(t, "v", string(v))
+	names, err := s.Listxattr("d/f", after.Obj)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"user.k"}, names, "overlay attributes stay hidden")
+}
+
+func TestUnlinkLeavesWhiteoutAndRecreate(t *testing.T) {
+	s := newStack(t, map[string]string{"f": "x", "d/g": "y"})
+	require.NoError(t, s.Unlink("", s.dir(""), "f", s.c))
+	assert.True(t, isWhiteout(t, s.UpperPath("f")))
+	assert.Equal(t, []string{"d"}, s.names(""))
+	_, err := s.lookup("f")
+	assert.ErrorIs(t, err, unix.ENOENT)
+
+	fd, _, err := s.Create("", s.dir(""), "f", 0o600, s.c)
+	require.NoError(t, err)
+	unix.Close(fd)
+	assert.Equal(t, "", s.read("f"))
+	assert.False(t, isWhiteout(t, s.UpperPath("f")))
+}
+
+func TestRmdirAndOpaqueMkdir(t *testing.T) {
+	s := newStack(t, map[string]string{"d/a": "1", "d/b": "2"})
+	err := s.Rmdir("", s.dir(""), "d", s.c)
+	assert.ErrorIs(t, err, unix.ENOTEMPTY, "children in the original count")
+	require.NoError(t, s.Unlink("d", s.dir("d"), "a", s.c))
+	require.NoError(t, s.Unlink("d", s.dir("d"), "b", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "d", s.c))
+	assert.True(t, isWhiteout(t, s.UpperPath("d")))
+	_, err = s.Mkdir("", s.dir(""), "d", 0o755, s.c)
+	require.NoError(t, err)
+	assert.Empty(t, s.names("d"), "a directory made over a whiteout is opaque")
+	assert.True(t, s.isOpaque(s.UpperPath("d")))
+}
+
+func TestRenameLowerDirMovesWithoutCopy(t *testing.T) {
+	s := newStack(t, map[string]string{"src/a": "1", "src/sub/b": "2"})
+	var moved Obj
+	require.NoError(t, s.Rename("", s.dir(""), "src", &moved, "", s.dir(""), "dst", 0, s.c))
+	assert.Equal(t, []string{"dst"}, s.names(""))
+	assert.Equal(t, []string{"a", "sub"}, s.names("dst"))
+	assert.Equal(t, "2", s.read("dst/sub/b"))
+	assert.True(t, isWhiteout(t, s.UpperPath("src")))
+	ents, err := os.ReadDir(s.UpperPath("dst"))
+	require.NoError(t, err)
+	assert.Empty(t, ents, "children stay in the original")
+	r, err := fsutil.LGetXattr(s.UpperPath("dst"), s.ns.redirect)
+	require.NoError(t, err)
+	assert.Equal(t, "/src", string(r))
+}
+
+func TestRenameFlags(t *testing.T) {
+	s := newStack(t, map[string]string{"a": "A", "b": "B", "d/": ""})
+	var o Obj
+	err := s.Rename("", s.dir(""), "a", &o, "", s.dir(""), "b", unix.RENAME_NOREPLACE, s.c)
+	assert.ErrorIs(t, err, unix.EEXIST, "NOREPLACE sees the original's entry")
+	require.NoError(t, s.Rename("", s.dir(""), "a", &o, "", s.dir(""), "b", unix.RENAME_EXCHANGE, s.c))
+	assert.Equal(t, "B", s.read("a"))
+	assert.Equal(t, "A", s.read("b"))
+	err = s.Rename("", s.dir(""), "a", &o, "", s.dir(""), "d", 0, s.c)
+	assert.ErrorIs(t, err, unix.EISDIR)
+}
+
+func TestChangeSet(t *testing.T) {
+	s := newStack(t, map[string]string{"keep": "k", "mod": "m", "meta": "x", "del": "d", "old": "o", "dir/x": "1"})
+	s.write("mod", "changed")
+	mode := uint32(0o600)
+	o := s.dir("meta")
+	_, err := s.Setattr("meta", &o, -1, SetAttr{Mode: &mode}, s.c)
+	require.NoError(t, err)
+	require.NoError(t, s.Unlink("", s.dir(""), "del", s.c))
+	var r Obj
+	require.NoError(t, s.Rename("", s.dir(""), "old", &r, "", s.dir(""), "new", 0, s.c))
+	fd, _, err := s.Create("dir", s.dir("dir"), "created", 0o644, s.c)
+	require.NoError(t, err)
+	unix.Close(fd)
+	src := s.dir("dir/created")
+	_, err = s.Link("dir/created", &src, "", s.dir(""), "hard", s.c)
+	require.NoError(t, err)
+	s.write("keep", "k") // the same bytes again: only the mtime moved
+
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	got := map[string]Change{}
+	for _, c := range cs.Changes {
+		got[c.Path] = c
+	}
+	assert.Equal(t, Modified, got["mod"].Kind)
+	assert.Equal(t, Metadata, got["meta"].Kind)
+	assert.Equal(t, Deleted, got["del"].Kind)
+	assert.Equal(t, Deleted, got["old"].Kind)
+	assert.Equal(t, Change{Path: "new", Kind: Renamed, From: "old", Type: "file"}, got["new"])
+	assert.Equal(t, Created, got["dir/created"].Kind)
+	assert.Equal(t, Change{Path: "hard", Kind: Linked, From: "dir/created", Type: "file"}, got["hard"])
+	assert.Equal(t, Metadata, got["keep"].Kind, "same content is not a content change")
+	assert.NotContains(t, got, "dir/x")
+
+	offline, err := Changes(Config{Upper: s.upper, Work: s.work, Lowers: s.lowers})
+	require.NoError(t, err)
+	assert.Equal(t, cs, offline, "the change set is the same from the journal on disk")
+}
+
+func TestMultipleLowersHonourWhiteoutsAndOpaque(t *testing.T) {
+	dir := t.TempDir()
+	top, bottom := filepath.Join(dir, "top"), filepath.Join(dir, "bottom")
+	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	writeTree(t, bottom, map[string]string{"gone": "g", "d/old": "o", "keep": "k"})
+	writeTree(t, top, map[string]string{"d/": "", "new": "n"})
+	require.NoError(t, unix.Mknod(filepath.Join(top, "gone"), unix.S_IFCHR, 0))
+	for _, d := range []string{upper, work} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{top, bottom}})
+	require.NoError(t, err)
+	defer l.Close()
+	require.NoError(t, unix.Lsetxattr(filepath.Join(top, "d"), l.ns.opaque, []byte("y"), 0))
+	s := &stack{Layers: l, t: t, lower: top}
+	assert.Equal(t, []string{"d", "keep", "new"}, s.names(""))
+	assert.Empty(t, s.names("d"), "an opaque lower directory hides the layers below")
+}

@@ -1,0 +1,254 @@
+package layers
+
+import (
+	"errors"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// Root returns the entry of the overlay root.
+func (l *Layers) Root() (Entry, error) {
+	var e Entry
+	if err := unix.Stat(l.upper, &e.Stat); err != nil {
+		return e, err
+	}
+	e.Upper = true
+	e.Stat.Ino = l.stableIno(e.Stat.Dev, e.Stat.Ino)
+	if l.isOpaque(l.upper) {
+		return e, nil
+	}
+	for i := range l.lowers {
+		e.Lowers = append(e.Lowers, Origin{Layer: i})
+		if i < len(l.lowers)-1 && l.isOpaque(l.lowers[i]) {
+			break
+		}
+	}
+	e.Stat.Nlink = 1
+	return e, nil
+}
+
+// Lookup finds name in the directory dirRel whose lower directories are
+// dir.Lowers. It answers ENOENT for a missing or whited-out name.
+func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
+	rel := Join(dirRel, name)
+	var e Entry
+	upath := l.UpperPath(rel)
+	err := unix.Lstat(upath, &e.Stat)
+	switch {
+	case err == nil && fsutil.IsWhiteout(&e.Stat):
+		return Entry{}, unix.ENOENT
+	case err == nil:
+		e.Upper = true
+		if l.upperAttrs(upath, &e) {
+			return e, nil
+		}
+		if !e.IsDir() {
+			return e, nil
+		}
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+	default:
+		return Entry{}, err
+	}
+	first, dirs, err := l.stepLowers(dir.Lowers, name, e.Upper)
+	if err != nil {
+		return Entry{}, err
+	}
+	switch {
+	case e.Upper:
+		e.Lowers = dirs
+	case first != nil:
+		e.Stat = first.st
+		e.Stat.Ino = l.stableIno(first.st.Dev, first.st.Ino)
+		if e.IsDir() {
+			e.Lowers = dirs
+		} else {
+			e.Lowers = []Origin{first.origin}
+		}
+	default:
+		return Entry{}, unix.ENOENT
+	}
+	if e.Upper && len(e.Lowers) > 0 {
+		e.Stat.Nlink = 1 // merged directory: a link count would lie
+	}
+	return e, nil
+}
+
+// upperAttrs fills the stable inode number and the lower directories of an
+// upper entry from its attributes. It reports true when the lower part is
+// settled (a non-directory, an opaque or a redirected directory).
+func (l *Layers) upperAttrs(upath string, e *Entry) bool {
+	e.Stat.Ino = l.stableIno(e.Stat.Dev, e.Stat.Ino)
+	names, _ := fsutil.LListXattrs(upath)
+	has := func(n string) bool {
+		for _, x := range names {
+			if x == n {
+				return true
+			}
+		}
+		return false
+	}
+	if has(l.ns.origin) {
+		if o, ok := l.readOrigin(upath); ok {
+			if o.ino != 0 {
+				e.Stat.Ino = o.ino
+			}
+			if !e.IsDir() {
+				e.Lowers = []Origin{{Layer: o.layer, Path: o.path}}
+			}
+		}
+	}
+	if !e.IsDir() {
+		return true
+	}
+	if has(l.ns.opaque) && l.isOpaque(upath) {
+		return true
+	}
+	if has(l.ns.redirect) {
+		if r := l.redirectOf(upath); strings.HasPrefix(r, "/") {
+			e.Lowers = l.lowerDirsAt(strings.TrimPrefix(r, "/"))
+			return true
+		}
+	}
+	return false
+}
+
+type lowerHit struct {
+	origin Origin
+	st     unix.Stat_t
+}
+
+// stepLowers looks name up in each lower directory, top first, honouring
+// whiteouts and opaque directories of the lower layers. It returns the
+// topmost object found and, when that is a directory (or upperIsDir says an
+// upper directory sits above), every lower directory merged beneath it.
+func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*lowerHit, []Origin, error) {
+	var first *lowerHit
+	var dirs []Origin
+	for _, lo := range lowers {
+		o := Origin{Layer: lo.Layer, Path: Join(lo.Path, name)}
+		var st unix.Stat_t
+		if err := unix.Lstat(l.LowerPath(o), &st); err != nil {
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+				continue
+			}
+			return nil, nil, err
+		}
+		if fsutil.IsWhiteout(&st) {
+			break
+		}
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		if first == nil && !upperAbove {
+			first = &lowerHit{origin: o, st: st}
+			if !isDir {
+				break
+			}
+		}
+		if !isDir {
+			break
+		}
+		dirs = append(dirs, o)
+		if o.Layer < len(l.lowers)-1 && l.isOpaque(l.LowerPath(o)) {
+			break
+		}
+	}
+	return first, dirs, nil
+}
+
+// lowerDirsAt resolves a lower path from the lower roots, as a redirect
+// names it, and returns the lower directories merged there.
+func (l *Layers) lowerDirsAt(path string) []Origin {
+	var cur []Origin
+	for i := range l.lowers {
+		cur = append(cur, Origin{Layer: i})
+		if i < len(l.lowers)-1 && l.isOpaque(l.lowers[i]) {
+			break
+		}
+	}
+	for _, name := range strings.Split(path, "/") {
+		if name == "" {
+			continue
+		}
+		_, dirs, err := l.stepLowers(cur, name, true)
+		if err != nil {
+			return nil
+		}
+		cur = dirs
+	}
+	return cur
+}
+
+// lowerDirsOf resolves the lower directories merged beneath the overlay
+// directory rel, walking from the root and following the upper layer's
+// opaque marks and redirects. Used where no cached parent is at hand.
+func (l *Layers) lowerDirsOf(rel string) []Origin {
+	root, err := l.Root()
+	if err != nil {
+		return nil
+	}
+	cur, dirRel := root.Lowers, ""
+	for _, name := range splitRel(rel) {
+		e, err := l.Lookup(dirRel, Obj{Lowers: cur}, name)
+		if err != nil || !e.IsDir() {
+			return nil
+		}
+		cur, dirRel = e.Lowers, Join(dirRel, name)
+	}
+	return cur
+}
+
+func splitRel(rel string) []string {
+	if rel == "" {
+		return nil
+	}
+	return strings.Split(rel, "/")
+}
+
+// lowerHas reports whether a lower layer shows something at name in a
+// directory whose lower directories are lowers: deleting or replacing that
+// name then needs a whiteout.
+func (l *Layers) lowerHas(lowers []Origin, name string) (bool, error) {
+	first, dirs, err := l.stepLowers(lowers, name, false)
+	return first != nil || len(dirs) > 0, err
+}
+
+// realPath is the path that holds the current state of an object.
+func (l *Layers) realPath(rel string, o Obj) string {
+	if o.Upper || len(o.Lowers) == 0 {
+		return l.UpperPath(rel)
+	}
+	up := l.UpperPath(rel)
+	var st unix.Stat_t
+	if unix.Lstat(up, &st) == nil && !fsutil.IsWhiteout(&st) {
+		return up
+	}
+	return l.LowerPath(o.Lowers[0])
+}
+
+// Stat returns the attributes of the object at rel (the inode number is the
+// real one; callers substitute the stable number they hold).
+func (l *Layers) Stat(rel string, o Obj) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	err := unix.Lstat(l.realPath(rel, o), &st)
+	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && len(o.Lowers) > 0 && l.inUpper(rel) {
+		st.Nlink = 1
+	}
+	return st, err
+}
+
+func (l *Layers) inUpper(rel string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(l.UpperPath(rel), &st) == nil && !fsutil.IsWhiteout(&st)
+}
+
+// Readlink returns the target of the symlink at rel.
+func (l *Layers) Readlink(rel string, o Obj) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlink(l.realPath(rel, o), buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}

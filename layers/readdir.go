@@ -1,0 +1,169 @@
+package layers
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// DirEntry is one name of a merged directory listing.
+type DirEntry struct {
+	Name string
+	Type uint32 // S_IFMT bits, 0 when unknown
+	Ino  uint64 // stable inode number
+}
+
+// ReadDir lists the merged directory rel: the upper entries, then the lower
+// entries not hidden by an upper entry, a whiteout or an opaque directory.
+// The order is stable for an unchanged directory.
+func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
+	var out []DirEntry
+	hidden := map[string]bool{}
+	upath := l.UpperPath(rel)
+	up, err := readDirents(upath)
+	switch {
+	case err == nil:
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+		if len(o.Lowers) == 0 {
+			return nil, err
+		}
+	default:
+		return nil, err
+	}
+	var lowerLists [][]dirent
+	for _, lo := range o.Lowers {
+		ents, err := readDirents(l.LowerPath(lo))
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, err
+		}
+		lowerLists = append(lowerLists, ents)
+	}
+	var lowerNames map[string]bool
+	if len(lowerLists) > 0 {
+		lowerNames = map[string]bool{}
+		for _, ents := range lowerLists {
+			for _, d := range ents {
+				lowerNames[d.name] = true
+			}
+		}
+	}
+	for _, d := range up {
+		p := upath + "/" + d.name
+		if d.typ == unix.DT_CHR || d.typ == unix.DT_UNKNOWN {
+			var st unix.Stat_t
+			if unix.Lstat(p, &st) == nil && fsutil.IsWhiteout(&st) {
+				hidden[d.name] = true
+				continue
+			}
+		}
+		hidden[d.name] = true
+		ino := l.stableIno(l.upperDev, d.ino)
+		if lowerNames[d.name] {
+			if og, ok := l.readOrigin(p); ok && og.ino != 0 {
+				ino = og.ino
+			}
+		}
+		out = append(out, DirEntry{Name: d.name, Type: dtToMode(d.typ), Ino: ino})
+	}
+	for i, ents := range lowerLists {
+		dev := l.lowerDevs[o.Lowers[i].Layer]
+		lpath := l.LowerPath(o.Lowers[i])
+		var wh []string
+		for _, d := range ents {
+			if hidden[d.name] {
+				continue
+			}
+			if d.typ == unix.DT_CHR || d.typ == unix.DT_UNKNOWN {
+				var st unix.Stat_t
+				if unix.Lstat(lpath+"/"+d.name, &st) == nil && fsutil.IsWhiteout(&st) {
+					wh = append(wh, d.name)
+					continue
+				}
+			}
+			hidden[d.name] = true
+			out = append(out, DirEntry{Name: d.name, Type: dtToMode(d.typ), Ino: l.stableIno(dev, d.ino)})
+		}
+		for _, n := range wh {
+			hidden[n] = true // a lower whiteout hides the layers below only
+		}
+	}
+	return out, nil
+}
+
+type dirent struct {
+	ino  uint64
+	typ  uint8
+	name string
+}
+
+// readDirents reads every entry of the directory at path but "." and "..",
+// with the inode number and type the filesystem reports.
+func readDirents(path string) ([]dirent, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var out []dirent
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return nil, err
+		}
+		if n <= 0 {
+			return out, nil
+		}
+		out = parseDirents(buf[:n], out)
+	}
+}
+
+// parseDirents decodes linux_dirent64 records.
+func parseDirents(b []byte, out []dirent) []dirent {
+	for len(b) >= 19 {
+		reclen := int(binary.NativeEndian.Uint16(b[16:18]))
+		if reclen < 19 || reclen > len(b) {
+			break
+		}
+		rec := b[:reclen]
+		b = b[reclen:]
+		name := rec[19:]
+		for i, c := range name {
+			if c == 0 {
+				name = name[:i]
+				break
+			}
+		}
+		if string(name) == "." || string(name) == ".." {
+			continue
+		}
+		out = append(out, dirent{ino: binary.NativeEndian.Uint64(rec[0:8]), typ: rec[18], name: string(name)})
+	}
+	return out
+}
+
+func dtToMode(t uint8) uint32 {
+	switch t {
+	case unix.DT_REG:
+		return unix.S_IFREG
+	case unix.DT_DIR:
+		return unix.S_IFDIR
+	case unix.DT_LNK:
+		return unix.S_IFLNK
+	case unix.DT_FIFO:
+		return unix.S_IFIFO
+	case unix.DT_SOCK:
+		return unix.S_IFSOCK
+	case unix.DT_CHR:
+		return unix.S_IFCHR
+	case unix.DT_BLK:
+		return unix.S_IFBLK
+	}
+	return 0
+}

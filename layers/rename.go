@@ -1,0 +1,160 @@
+package layers
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// Rename moves oldName in oldDir to newName in newDir with renameat2 flags
+// (RENAME_NOREPLACE, RENAME_EXCHANGE). A directory that came from a lower
+// layer moves without copying its children: its upper copy records where
+// its lower contents live (the overlay redirect), as kernel overlayfs does
+// with redirect_dir=on. src is the moved object's Obj and is updated.
+func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir string, nd Obj, newName string, flags uint32, c Caller) error {
+	oldRel, newRel := Join(oldDir, oldName), Join(newDir, newName)
+	se, err := l.Lookup(oldDir, od, oldName)
+	if err != nil {
+		return err
+	}
+	te, terr := l.Lookup(newDir, nd, newName)
+	exists := terr == nil
+	if terr != nil && !errors.Is(terr, unix.ENOENT) {
+		return terr
+	}
+	if err := checkRename(l, newRel, &se, &te, exists, flags); err != nil {
+		return err
+	}
+	if err := l.record(OpRename, oldRel, newRel, flags, c); err != nil {
+		return err
+	}
+	if err := l.prepareMove(oldRel, &se); err != nil {
+		return err
+	}
+	if err := l.ensureParents(newRel); err != nil {
+		return err
+	}
+	if flags&unix.RENAME_EXCHANGE != 0 {
+		if err := l.prepareMove(newRel, &te); err != nil {
+			return err
+		}
+		if err := unix.Renameat2(unix.AT_FDCWD, l.UpperPath(oldRel), unix.AT_FDCWD, l.UpperPath(newRel), unix.RENAME_EXCHANGE); err != nil {
+			return err
+		}
+		src.Upper = true
+		return nil
+	}
+	if exists {
+		if err := l.clearTarget(newRel, &te); err != nil {
+			return err
+		}
+	}
+	need, err := l.lowerHas(od.Lowers, oldName)
+	if err != nil {
+		return err
+	}
+	rflags := uint(0)
+	if need {
+		rflags = unix.RENAME_WHITEOUT
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, l.UpperPath(oldRel), unix.AT_FDCWD, l.UpperPath(newRel), rflags); err != nil {
+		return err
+	}
+	src.Upper = true
+	return nil
+}
+
+// checkRename applies the rules a plain filesystem enforces, against the
+// merged view (the upper alone could not tell).
+func checkRename(l *Layers, newRel string, se, te *Entry, exists bool, flags uint32) error {
+	switch {
+	case flags&unix.RENAME_EXCHANGE != 0 && flags&unix.RENAME_NOREPLACE != 0:
+		return unix.EINVAL
+	case flags&unix.RENAME_EXCHANGE != 0:
+		if !exists {
+			return unix.ENOENT
+		}
+		return nil
+	case !exists:
+		return nil
+	case flags&unix.RENAME_NOREPLACE != 0:
+		return unix.EEXIST
+	case se.IsDir() && !te.IsDir():
+		return unix.ENOTDIR
+	case !se.IsDir() && te.IsDir():
+		return unix.EISDIR
+	case te.IsDir():
+		ents, err := l.ReadDir(newRel, te.Obj)
+		if err != nil {
+			return err
+		}
+		if len(ents) > 0 {
+			return unix.ENOTEMPTY
+		}
+	}
+	return nil
+}
+
+// prepareMove puts the object at rel into the upper layer so it can be
+// renamed there. A directory is marked so that its lower view does not
+// depend on its name: a redirect to its lower directory, or opaque when it
+// has none.
+func (l *Layers) prepareMove(rel string, e *Entry) error {
+	if !e.IsDir() {
+		return l.CopyUp(rel, &e.Obj)
+	}
+	if !l.inUpper(rel) {
+		if err := l.ensureParents(rel); err != nil {
+			return err
+		}
+		if err := l.copyUpOne(rel, e.Lowers[0], false); err != nil {
+			return err
+		}
+	}
+	upath := l.UpperPath(rel)
+	if len(e.Lowers) == 0 {
+		if l.isOpaque(upath) {
+			return nil
+		}
+		return unix.Lsetxattr(upath, l.ns.opaque, []byte("y"), 0)
+	}
+	return unix.Lsetxattr(upath, l.ns.redirect, []byte("/"+e.Lowers[0].Path), 0)
+}
+
+// clearTarget makes the upper name of an existing rename target replaceable:
+// a whiteout goes (a directory cannot replace it in one rename), and a
+// directory that hid lower entries is emptied of its whiteouts after being
+// marked opaque, so nothing reappears if we stop half-way.
+func (l *Layers) clearTarget(rel string, te *Entry) error {
+	upath := l.UpperPath(rel)
+	var st unix.Stat_t
+	if err := unix.Lstat(upath, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	if fsutil.IsWhiteout(&st) {
+		return unix.Unlink(upath)
+	}
+	if !te.IsDir() {
+		return nil
+	}
+	ents, err := readDirents(upath)
+	if err != nil || len(ents) == 0 {
+		return err
+	}
+	if err := unix.Lsetxattr(upath, l.ns.opaque, []byte("y"), 0); err != nil {
+		return err
+	}
+	for _, d := range ents {
+		if err := os.RemoveAll(filepath.Join(upath, d.name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// xattrNames are the attribute names of the upper layout in one namespace.
+type xattrNames struct {
+	overlay  string // "trusted.overlay." or "user.overlay."
+	opaque   string
+	redirect string
+	origin   string // sbxfs: the stable inode number and lower path of a copied-up object
+}
+
+func newXattrNames(user bool) xattrNames {
+	p := "trusted.overlay."
+	if user {
+		p = "user.overlay."
+	}
+	return xattrNames{
+		overlay:  p,
+		opaque:   p + "opaque",
+		redirect: p + "redirect",
+		origin:   p + "sbxfs.origin",
+	}
+}
+
+// Private reports whether name is an attribute of the upper layout, hidden
+// from users of the mount (as overlayfs hides its own).
+func (l *Layers) Private(name string) bool {
+	return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, l.ns.overlay)
+}
+
+var now = func() time.Time { return time.Now().UTC() }
+
+// isOpaque reports whether the directory at path carries the opaque mark.
+func (l *Layers) isOpaque(path string) bool {
+	v, err := fsutil.LGetXattr(path, l.ns.opaque)
+	return err == nil && len(v) == 1 && v[0] == 'y'
+}
+
+// redirectOf returns the redirect of the directory at path, "" if none.
+// Absolute redirects are relative to every lower root; a relative one (as
+// kernel overlayfs writes for a rename inside one directory) is a name in
+// the lower parent directory, returned as is for the caller to resolve.
+func (l *Layers) redirectOf(path string) string {
+	v, err := fsutil.LGetXattr(path, l.ns.redirect)
+	if err != nil {
+		return ""
+	}
+	return string(v)
+}
+
+// origin is what sbxfs records on a copied-up object: its stable inode
+// number and the lower object it came from.
+type origin struct {
+	ino   uint64
+	layer int
+	path  string
+}
+
+func (o origin) encode() []byte {
+	return []byte(fmt.Sprintf("v1 %d %d %s", o.ino, o.layer, o.path))
+}
+
+func decodeOrigin(b []byte) (origin, error) {
+	parts := strings.SplitN(string(b), " ", 4)
+	if len(parts) != 4 || parts[0] != "v1" {
+		return origin{}, errors.New("bad origin attribute")
+	}
+	ino, err1 := strconv.ParseUint(parts[1], 10, 64)
+	layer, err2 := strconv.Atoi(parts[2])
+	if err1 != nil || err2 != nil || layer < 0 {
+		return origin{}, errors.New("bad origin attribute")
+	}
+	return origin{ino: ino, layer: layer, path: parts[3]}, nil
+}
+
+func (l *Layers) readOrigin(path string) (origin, bool) {
+	v, err := fsutil.LGetXattr(path, l.ns.origin)
+	if err != nil {
+		return origin{}, false
+	}
+	o, err := decodeOrigin(v)
+	if err != nil || o.layer >= len(l.lowers) {
+		return origin{}, false
+	}
+	return o, true
+}
+
+func (l *Layers) setOrigin(fd int, o origin) error {
+	if err := unix.Fsetxattr(fd, l.ns.origin, o.encode(), 0); err != nil {
+		return fmt.Errorf("set origin: %w", err)
+	}
+	return nil
+}
+
+// Getxattr reads a user-visible attribute of the object at rel.
+func (l *Layers) Getxattr(rel string, o Obj, name string, dest []byte) (int, error) {
+	if l.Private(name) {
+		return 0, unix.ENODATA
+	}
+	return unix.Lgetxattr(l.realPath(rel, o), name, dest)
+}
+
+// Listxattr lists the user-visible attribute names of the object at rel.
+func (l *Layers) Listxattr(rel string, o Obj) ([]string, error) {
+	names, err := fsutil.LListXattrs(l.realPath(rel, o))
+	if err != nil {
+		return nil, err
+	}
+	out := names[:0]
+	for _, n := range names {
+		if !l.Private(n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// Setxattr sets an attribute, copying the object up first.
+func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags int, c Caller) error {
+	if l.Private(name) {
+		return unix.EPERM
+	}
+	if err := l.record(OpSetxattr, rel, "", 0, c); err != nil {
+		return err
+	}
+	if err := l.CopyUp(rel, o); err != nil {
+		return err
+	}
+	return unix.Lsetxattr(l.UpperPath(rel), name, value, flags)
+}
+
+// Removexattr removes an attribute, copying the object up first.
+func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
+	if l.Private(name) {
+		return unix.ENODATA
+	}
+	// A missing attribute is an error without a change: check before copy-up.
+	if _, err := unix.Lgetxattr(l.realPath(rel, *o), name, nil); err != nil {
+		return err
+	}
+	if err := l.record(OpRemovexattr, rel, "", 0, c); err != nil {
+		return err
+	}
+	if err := l.CopyUp(rel, o); err != nil {
+		return err
+	}
+	return unix.Lremovexattr(l.UpperPath(rel), name)
+}
