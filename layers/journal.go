@@ -256,6 +256,9 @@ func (j *Journal) load() error {
 		return err
 	}
 	if valid < len(data) {
+		if err := j.keepDropped(data[valid:]); err != nil {
+			return err
+		}
 		if err := unix.Ftruncate(j.fd, int64(valid)); err != nil {
 			return fmt.Errorf("truncate torn tail at %d of %d bytes: %w", valid, len(data), err)
 		}
@@ -264,6 +267,22 @@ func (j *Journal) load() error {
 		}
 	}
 	j.recs, j.size = recs, int64(valid)
+	return nil
+}
+
+// keepDropped saves the bytes past the last valid record before they are cut
+// off: a torn tail is harmless, but a flipped byte in the middle would
+// otherwise take every later record with it. The copy sits next to the
+// journal (journal.dropped-<unix nanos>, 0600) for a person or a repair
+// tool to look at.
+func (j *Journal) keepDropped(tail []byte) error {
+	if len(tail) <= recordHeaderLen+recordFixedLen {
+		return nil // too short to hold a whole record: a torn append
+	}
+	name := fmt.Sprintf("%s.dropped-%d", j.path, time.Now().UnixNano())
+	if err := fsutil.WriteFileAtomic(name, tail, 0o600); err != nil {
+		return fmt.Errorf("keep the %d bytes past the last valid record: %w", len(tail), err)
+	}
 	return nil
 }
 

@@ -326,6 +326,12 @@ func TestJournalCorruptRecord(t *testing.T) {
 		assert.Equal(t, start, valid, tc.name)
 		path := writeJournalFile(t, data)
 		checkRecovers(t, path, recs[:2], tc.name)
+		kept, err := filepath.Glob(path + ".dropped-*")
+		require.NoError(t, err)
+		require.Len(t, kept, 1, "the records past the damage are kept aside: %s", tc.name)
+		b, err := os.ReadFile(kept[0])
+		require.NoError(t, err)
+		assert.Equal(t, data[start:], b, tc.name)
 	}
 }
 
