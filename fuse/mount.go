@@ -98,12 +98,14 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 	if neg == 0 {
 		neg = DefaultTimeout
 	}
-	mo := []string{"default_permissions"}
-	if !cfg.Suid {
-		mo = append(mo, "nosuid")
+	// go-fuse's direct mount starts from MS_NOSUID|MS_NODEV and clears
+	// them only for an explicit "suid" or "dev"; fusermount3 takes either.
+	mo := []string{"default_permissions", "nosuid", "nodev"}
+	if cfg.Suid {
+		mo[1] = "suid"
 	}
-	if !cfg.Dev {
-		mo = append(mo, "nodev")
+	if cfg.Dev {
+		mo[2] = "dev"
 	}
 	fsname := cfg.FsName
 	if fsname == "" {

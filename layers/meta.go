@@ -87,8 +87,8 @@ func Bind(cfg *Config) error {
 	}
 	cfg.UserXattrs = m.XattrNS == "user"
 	if !sameStrings(m.Lowers, cfg.Lowers) || m.Upper != cfg.Upper {
-		return fmt.Errorf("%w: %s was made for original %q (upper %q), not %q (upper %q); use another upper directory",
-			ErrMetaMismatch, cfg.Work, m.Lowers[0], m.Upper, cfg.Lowers[0], cfg.Upper)
+		return fmt.Errorf("%w: %s was made for lower layers %q and upper %q, not %q and %q; use another upper directory",
+			ErrMetaMismatch, cfg.Work, m.Lowers, m.Upper, cfg.Lowers, cfg.Upper)
 	}
 	return nil
 }

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "list the changes of a sandbox",
+		ArgsUsage: "MOUNTPOINT|DIR",
+		Description: `Lists every path the sandbox changed, one per line:
+  A path          created         D path         deleted
+  M path          modified        R from -> path renamed
+  m path          metadata only   L from -> path new hard link to from
+then a summary line. Paths with control characters or invalid UTF-8 are
+quoted as Go strings. The sandbox is named by its mountpoint, its sandbox
+directory DIR (with DIR/work) or its work directory. --json prints the
+layers, the mount and the changes; a path that is not valid UTF-8 also
+comes base64-encoded in path_b64 (from_b64 for from).`,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		},
+		OnUsageError: onUsageError,
+		Action:       runStatus,
+	}
+}
+
+// statusJSON is the --json output.
+type statusJSON struct {
+	Original   string       `json:"original"`
+	Lowers     []string     `json:"lowers"`
+	Upper      string       `json:"upper"`
+	Work       string       `json:"work"`
+	Mounted    bool         `json:"mounted"`
+	Mountpoint string       `json:"mountpoint"`
+	Changes    []changeJSON `json:"changes"`
+}
+
+type changeJSON struct {
+	Path    string `json:"path"`
+	PathB64 string `json:"path_b64,omitempty"`
+	Kind    string `json:"kind"`
+	From    string `json:"from,omitempty"`
+	FromB64 string `json:"from_b64,omitempty"`
+	Type    string `json:"type"`
+}
+
+func runStatus(c *cli.Context) error {
+	args := c.Args().Slice()
+	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
+		return err
+	}
+	mounts, err := readMountinfo()
+	if err != nil {
+		return err
+	}
+	work, err := findSandbox(mounts, args[0])
+	if err != nil {
+		return err
+	}
+	m, err := layers.ReadMeta(work)
+	if err != nil {
+		return failf(exitNotSbxfs, "%v; is %s an sbxfs sandbox?", err, args[0])
+	}
+	cs, err := layers.Changes(m.Config(work))
+	if err != nil {
+		return fmt.Errorf("compute the changes of %s: %w", work, err)
+	}
+	st := statusJSON{Original: m.Lowers[0], Lowers: m.Lowers, Upper: m.Upper, Work: work, Changes: []changeJSON{}}
+	if e := sbxfsMountOf(mounts, work); e != nil {
+		st.Mounted, st.Mountpoint = true, e.Mountpoint
+	}
+	for _, ch := range cs.Changes {
+		st.Changes = append(st.Changes, toChangeJSON(ch))
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	return printChanges(c.App.Writer, cs.Changes)
+}
+
+// findSandbox returns the work directory of the sandbox arg names: an sbxfs
+// mountpoint, a sandbox directory DIR (DIR/work) or a work directory.
+func findSandbox(mounts []mountEntry, arg string) (string, error) {
+	p, err := resolveMountpoint(arg)
+	if err != nil {
+		return "", failf(exitBadPath, "%q: %v; give a mountpoint or a sandbox directory", arg, err)
+	}
+	if e := mountAt(mounts, p); e != nil && e.isSbxfs() {
+		return e.Source, nil
+	}
+	for _, work := range []string{filepath.Join(p, "work"), p} {
+		if _, err := os.Stat(filepath.Join(work, layers.MetaFile)); err == nil {
+			return work, nil
+		}
+	}
+	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+		return "", failf(exitBadPath, "%q does not exist; give a mountpoint or a sandbox directory", arg)
+	}
+	return "", failf(exitNotSbxfs, "%s is not an sbxfs mount or sandbox directory; give the MOUNTPOINT or the --upper DIR of 'sbxfs mount'", p)
+}
+
+func toChangeJSON(ch layers.Change) changeJSON {
+	j := changeJSON{Path: ch.Path, Kind: string(ch.Kind), From: ch.From, Type: ch.Type}
+	if !utf8.ValidString(ch.Path) {
+		j.PathB64 = base64.StdEncoding.EncodeToString([]byte(ch.Path))
+	}
+	if !utf8.ValidString(ch.From) {
+		j.FromB64 = base64.StdEncoding.EncodeToString([]byte(ch.From))
+	}
+	return j
+}
+
+// kindLetters gives each kind its letter in the text output, in the order
+// of the summary line.
+var kindLetters = []struct {
+	kind   layers.ChangeKind
+	letter string
+}{
+	{layers.Created, "A"}, {layers.Modified, "M"}, {layers.Metadata, "m"},
+	{layers.Deleted, "D"}, {layers.Renamed, "R"}, {layers.Linked, "L"},
+}
+
+func letterOf(k layers.ChangeKind) string {
+	for _, kl := range kindLetters {
+		if kl.kind == k {
+			return kl.letter
+		}
+	}
+	return "?"
+}
+
+// printChanges prints one line per change and a summary line.
+func printChanges(w io.Writer, changes []layers.Change) error {
+	counts := map[layers.ChangeKind]int{}
+	for _, ch := range changes {
+		counts[ch.Kind]++
+		line := letterOf(ch.Kind) + " " + quotePath(ch.Path)
+		if ch.Kind == layers.Renamed || ch.Kind == layers.Linked {
+			line = letterOf(ch.Kind) + " " + quotePath(ch.From) + " -> " + quotePath(ch.Path)
+		}
+		if _, err := fmt.Fprintln(w, line); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintln(w, summary(len(changes), counts))
+	return err
+}
+
+func summary(n int, counts map[layers.ChangeKind]int) string {
+	if n == 0 {
+		return "no changes"
+	}
+	var parts []string
+	known := 0
+	for _, kl := range kindLetters {
+		if c := counts[kl.kind]; c > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", c, kl.kind))
+			known += c
+		}
+	}
+	if n > known {
+		parts = append(parts, fmt.Sprintf("%d other", n-known))
+	}
+	noun := "changes"
+	if n == 1 {
+		noun = "change"
+	}
+	return fmt.Sprintf("%d %s: %s", n, noun, strings.Join(parts, ", "))
+}
+
+// quotePath returns p as is, or quoted with strconv.Quote when it holds
+// control characters or invalid UTF-8 (so one change stays on one line).
+func quotePath(p string) string {
+	if !utf8.ValidString(p) {
+		return strconv.Quote(p)
+	}
+	for _, r := range p {
+		if unicode.IsControl(r) {
+			return strconv.Quote(p)
+		}
+	}
+	return p
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+)
+
+// serverExitTimeout bounds the wait for the server after an unmount.
+const serverExitTimeout = 10 * time.Second
+
+func unmountCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "unmount",
+		Aliases:   []string{"umount"},
+		Usage:     "unmount an sbxfs mount (its changes stay in its sandbox directory)",
+		ArgsUsage: "MOUNTPOINT",
+		Description: `Unmounts the sbxfs mount at MOUNTPOINT, also when its server has died, and
+waits (up to 10 s) until the server has exited and flushed the journal.
+The sandbox directory keeps the changes: 'sbxfs mount --upper DIR' shows
+them again. A mount with open files is busy: close them, or use --lazy to
+detach it now (the server exits when the last file is closed).`,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "lazy", Usage: "detach now even if files are open (umount -l)"},
+		},
+		OnUsageError: onUsageError,
+		Action:       runUnmount,
+	}
+}
+
+func runUnmount(c *cli.Context) error {
+	args := c.Args().Slice()
+	if err := checkArgs(c, args, 1, "MOUNTPOINT"); err != nil {
+		return err
+	}
+	mnt, err := resolveMountpoint(args[0])
+	if err != nil {
+		return failf(exitBadPath, "mountpoint %q: %v; give the mountpoint's path", args[0], err)
+	}
+	mounts, err := readMountinfo()
+	if err != nil {
+		return err
+	}
+	e := mountAt(mounts, mnt)
+	switch {
+	case e == nil:
+		return failf(exitNotSbxfs, "%s is not a mount point, so not an sbxfs mount; give the MOUNTPOINT of 'sbxfs mount'", mnt)
+	case !e.isSbxfs():
+		return failf(exitNotSbxfs, "%s is not an sbxfs mount (it is %s from %s); use umount(8) for it", mnt, e.FSType, e.Source)
+	}
+	lazy := c.Bool("lazy")
+	if err := unmount(mnt, lazy); err != nil {
+		return err
+	}
+	timeout := serverExitTimeout
+	if lazy {
+		timeout = 2 * time.Second // open files keep a detached server alive
+	}
+	if pid := waitServerExit(e.Source, timeout); pid != 0 {
+		if lazy {
+			fmt.Fprintf(c.App.ErrWriter, "sbxfs: %s is detached; its server (pid %d) exits once the last file open under it is closed\n", mnt, pid)
+			return nil
+		}
+		return failf(exitInternal, "%s is unmounted but its server (pid %d) has not exited after %s; see %s", mnt, pid, timeout, serverLog(e.Source))
+	}
+	return nil
+}
+
+// unmount unmounts mnt: with umount2 as root, with fusermount3 otherwise.
+func unmount(mnt string, lazy bool) error {
+	var err error
+	if os.Geteuid() == 0 {
+		flags := 0
+		if lazy {
+			flags = unix.MNT_DETACH
+		}
+		err = unix.Unmount(mnt, flags)
+		if err != nil {
+			err = fmt.Errorf("umount %s: %w", mnt, err)
+		}
+	} else if lazy {
+		err = fusermount("-u", "-z", mnt)
+	} else {
+		err = fusermount("-u", mnt)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		return failf(exitBusy, "mount is busy: close the files open under %s, or use --lazy", mnt)
+	case errors.Is(err, unix.EPERM):
+		return failf(exitInternal, "%v; run as root or as the user who mounted it", err)
+	}
+	return failf(exitInternal, "%v; retry, or use --lazy", err)
+}

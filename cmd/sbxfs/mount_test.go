@@ -1,0 +1,293 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// requireFuse skips real-mount tests where this process cannot mount.
+func requireFuse(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("real-mount tests run as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no /dev/fuse: %v", err)
+	}
+}
+
+// isMounted reports whether mnt is a mount point now.
+func isMounted(t *testing.T, mnt string) bool {
+	t.Helper()
+	es, err := readMountinfo()
+	require.NoError(t, err)
+	return mountAt(es, mnt) != nil
+}
+
+// cleanupMount makes sure mnt is unmounted when the test ends, whatever
+// happened: sbxfs unmount, then umount -l as a last resort.
+func cleanupMount(t *testing.T, mnt string) {
+	t.Helper()
+	bin := sbxfsBin(t)
+	t.Cleanup(func() {
+		for _, try := range [][]string{{bin, "unmount", mnt}, {bin, "unmount", "--lazy", mnt}, {"umount", "-l", mnt}} {
+			if !isMounted(t, mnt) {
+				return
+			}
+			out, err := exec.Command(try[0], try[1:]...).CombinedOutput()
+			t.Logf("cleanup: %q: %v %s", try, err, out)
+		}
+		if isMounted(t, mnt) {
+			t.Errorf("cleanup: %s is still mounted", mnt)
+		}
+	})
+}
+
+// sandboxFixture is an original with a file, an empty mountpoint and a
+// sandbox directory path, all resolved.
+type sandboxFixture struct {
+	orig, mnt, dir string
+}
+
+func newFixture(t *testing.T) sandboxFixture {
+	t.Helper()
+	base := realTempDir(t)
+	f := sandboxFixture{orig: filepath.Join(base, "orig"), mnt: filepath.Join(base, "mnt"), dir: filepath.Join(base, "sandbox")}
+	require.NoError(t, os.MkdirAll(filepath.Join(f.orig, "sub"), 0o755))
+	require.NoError(t, os.Mkdir(f.mnt, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "a.txt"), []byte("hello\n"), 0o644))
+	cleanupMount(t, f.mnt)
+	return f
+}
+
+// statusOf runs sbxfs status --json and decodes it.
+func statusOf(t *testing.T, arg string) statusJSON {
+	t.Helper()
+	r := runBin(t, sbxfsBin(t), "status", "--json", arg)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	return st
+}
+
+func hasChange(st statusJSON, path, kind string) bool {
+	for _, c := range st.Changes {
+		if c.Path == path && c.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+func TestMountWriteStatusUnmount(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, isMounted(t, f.mnt), "mounted when sbxfs mount returns")
+
+	b, err := os.ReadFile(filepath.Join(f.mnt, "a.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n", string(b))
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "new.txt"), []byte("new\n"), 0o640))
+
+	assert.NoFileExists(t, filepath.Join(f.orig, "new.txt"), "the original is unchanged")
+	b, err = os.ReadFile(filepath.Join(f.orig, "a.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n", string(b))
+	b, err = os.ReadFile(filepath.Join(f.dir, "upper", "new.txt"))
+	require.NoError(t, err, "the new file is in the upper layer")
+	assert.Equal(t, "new\n", string(b))
+
+	st := statusOf(t, f.mnt)
+	assert.True(t, st.Mounted)
+	assert.Equal(t, f.mnt, st.Mountpoint)
+	assert.Equal(t, f.orig, st.Original)
+	assert.Equal(t, filepath.Join(f.dir, "upper"), st.Upper)
+	assert.True(t, hasChange(st, "new.txt", "created"), "status lists the new file: %+v", st.Changes)
+	r = runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "A new.txt\n")
+
+	r = runBin(t, bin, "unmount", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.False(t, isMounted(t, f.mnt))
+	assert.NoFileExists(t, filepath.Join(f.dir, "work", pidFileName), "the server has exited")
+
+	st = statusOf(t, f.dir)
+	assert.False(t, st.Mounted)
+	assert.True(t, hasChange(st, "new.txt", "created"), "the change outlives the mount")
+
+	// A remount of the same sandbox shows the same changes.
+	r = runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	b, err = os.ReadFile(filepath.Join(f.mnt, "new.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "new\n", string(b))
+	other := filepath.Join(filepath.Dir(f.mnt), "other")
+	require.NoError(t, os.Mkdir(other, 0o755))
+	r = runBin(t, bin, "mount", "--upper", filepath.Join(other, "sb"), f.orig, filepath.Join(f.orig, "sub"))
+	assertFailure(t, r, exitBadPath, "is inside the original")
+	r = runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	assertFailure(t, r, exitBusy, "already an sbxfs mount")
+	require.Equal(t, 0, runBin(t, bin, "unmount", f.mnt).code)
+
+	r = runBin(t, bin, "mount", "--upper", f.dir, other, f.mnt)
+	assertFailure(t, r, exitBadPath, "upper belongs to another original")
+}
+
+func TestMountStateRootAndForeground(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	state := filepath.Join(filepath.Dir(f.dir), "state")
+
+	r := runBin(t, bin, "--state-dir", state, "mount", f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	dir := strings.TrimSpace(strings.TrimPrefix(r.stdout, "upper: "))
+	assert.Regexp(t, "^"+state+`/mounts/[0-9a-f]{16}$`, dir)
+	st := statusOf(t, dir)
+	assert.Equal(t, f.mnt, st.Mountpoint)
+	require.Equal(t, 0, runBin(t, bin, "unmount", f.mnt).code)
+
+	// --foreground serves in the process it starts; SIGTERM unmounts.
+	cmd := exec.Command(bin, "mount", "--foreground", "--upper", dir, f.orig, f.mnt)
+	out, err := os.Create(filepath.Join(filepath.Dir(f.dir), "fg.log"))
+	require.NoError(t, err)
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return isMounted(t, f.mnt) }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait())
+	assert.False(t, isMounted(t, f.mnt))
+}
+
+func TestUnmountBusyLazyAndStale(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	require.Equal(t, 0, runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt).code)
+
+	open, err := os.Open(filepath.Join(f.mnt, "a.txt"))
+	require.NoError(t, err)
+	r := runBin(t, bin, "unmount", f.mnt)
+	assertFailure(t, r, exitBusy, "mount is busy: close the files open under "+f.mnt+", or use --lazy")
+	assert.True(t, isMounted(t, f.mnt))
+	r = runBin(t, bin, "unmount", "--lazy", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.False(t, isMounted(t, f.mnt), "detached")
+	b := make([]byte, 5)
+	_, err = open.Read(b)
+	assert.NoError(t, err, "an open file still works after a lazy unmount")
+	require.NoError(t, open.Close())
+	assert.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(f.dir, "work", pidFileName))
+		return os.IsNotExist(err)
+	}, 10*time.Second, 20*time.Millisecond, "the server exits once the last file is closed")
+
+	// A mount whose server was killed is stale; unmount still removes it.
+	require.Equal(t, 0, runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt).code)
+	pidb, err := os.ReadFile(filepath.Join(f.dir, "work", pidFileName))
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(f.mnt)
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond, "stat of a stale mount fails (ENOTCONN)")
+	r = runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	assert.Equal(t, exitBusy, r.code, "no mount over a stale one")
+	st := statusOf(t, f.mnt)
+	assert.True(t, st.Mounted)
+	r = runBin(t, bin, "unmount", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.False(t, isMounted(t, f.mnt))
+}
+
+// helperFixture is a mount helper layout with two lower layers.
+func helperFixture(t *testing.T) (lower1, lower2, upper, work, mnt string) {
+	t.Helper()
+	base := realTempDir(t)
+	lower1, lower2 = filepath.Join(base, "l1"), filepath.Join(base, "l2")
+	upper, work, mnt = filepath.Join(base, "u"), filepath.Join(base, "w"), filepath.Join(base, "mnt")
+	for _, d := range []string{lower1, lower2, upper, work, mnt} {
+		require.NoError(t, os.Mkdir(d, 0o755))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(lower1, "f"), []byte("top\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(lower2, "f"), []byte("hidden\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(lower2, "g"), []byte("bottom\n"), 0o644))
+	cleanupMount(t, mnt)
+	return
+}
+
+// checkHelperMount checks a mount of helperFixture's layers.
+func checkHelperMount(t *testing.T, lower1, lower2, upper, mnt string) {
+	t.Helper()
+	require.True(t, isMounted(t, mnt))
+	for name, want := range map[string]string{"f": "top\n", "g": "bottom\n"} {
+		b, err := os.ReadFile(filepath.Join(mnt, name))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(b), name)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(mnt, "g"), []byte("changed\n"), 0o644))
+	b, err := os.ReadFile(filepath.Join(lower2, "g"))
+	require.NoError(t, err)
+	assert.Equal(t, "bottom\n", string(b), "lower layers are unchanged")
+	assert.FileExists(t, filepath.Join(upper, "g"))
+	st := statusOf(t, mnt)
+	assert.Equal(t, []string{lower1, lower2}, st.Lowers)
+	assert.True(t, hasChange(st, "g", "modified"), "%+v", st.Changes)
+}
+
+func TestHelperFormByName(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	l1, l2, upper, work, mnt := helperFixture(t)
+	helper := filepath.Join(filepath.Dir(mnt), "mount.fuse.sbxfs")
+	require.NoError(t, os.Symlink(sbxfsBin(t), helper))
+	opts := fmt.Sprintf("rw,noatime,nofail,x-systemd.automount,lowerdir=%s:%s,upperdir=%s,workdir=%s", l1, l2, upper, work)
+	r := runBin(t, helper, "sbxfs", mnt, "-n", "-o", opts)
+	require.Equal(t, 0, r.code, r.stderr)
+	checkHelperMount(t, l1, l2, upper, mnt)
+	es, err := readMountinfo()
+	require.NoError(t, err)
+	e := mountAt(es, mnt)
+	require.NotNil(t, e)
+	assert.Equal(t, work, e.Source)
+	assert.Contains(t, e.SuperOpts, "allow_other", "root mounts allow other users")
+	require.Equal(t, 0, runBin(t, sbxfsBin(t), "unmount", mnt).code)
+}
+
+func TestHelperFormMount8(t *testing.T) {
+	requireFuse(t)
+	if _, err := os.Stat("/sbin/mount.fuse.sbxfs"); err != nil {
+		t.Skip("/sbin/mount.fuse.sbxfs is not installed (scripts/install.sh installs it)")
+	}
+	t.Parallel()
+	l1, l2, upper, work, mnt := helperFixture(t)
+	opts := fmt.Sprintf("lowerdir=%s:%s,upperdir=%s,workdir=%s", l1, l2, upper, work)
+	out, err := exec.Command("mount", "-t", "fuse.sbxfs", "sbxfs", mnt, "-o", opts).CombinedOutput()
+	require.NoError(t, err, "mount: %s", out)
+	checkHelperMount(t, l1, l2, upper, mnt)
+	out, err = exec.Command("umount", mnt).CombinedOutput()
+	require.NoError(t, err, "umount: %s", out)
+	assert.False(t, isMounted(t, mnt))
+}

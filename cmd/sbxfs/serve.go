@@ -1,0 +1,226 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fuse"
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// mountSpec is a checked mount request, ready to serve.
+type mountSpec struct {
+	cfg fuse.Config
+	// announce is printed on stdout once the mount is live.
+	announce string
+	// live is set once this process has the mount up.
+	live bool
+}
+
+// bindLayers records the layers in the work directory, or refuses a work
+// directory made for other layers. cfg takes the recorded xattr namespace.
+func bindLayers(cfg *layers.Config) error {
+	err := layers.Bind(cfg)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, layers.ErrMetaMismatch), errors.Is(err, layers.ErrMetaVersion):
+		return &exitError{code: exitBadPath, err: err}
+	}
+	return fmt.Errorf("record the sandbox layers: %w", err)
+}
+
+// mountFailure gives the error of fuse.Mount its exit code and a hint.
+func mountFailure(err error, cfg *fuse.Config) error {
+	msg := strings.TrimSpace(err.Error()) // go-fuse ends some messages with a newline
+	switch {
+	case errors.Is(err, layers.ErrCrossDevice):
+		return failf(exitBadPath, "%s; put the work directory on the same file system as the upper directory", msg)
+	case errors.Is(err, layers.ErrBadConfig):
+		return failf(exitBadPath, "%s; check the directories", msg)
+	case errors.Is(err, fuse.ErrMount) && cfg.AllowOther && os.Geteuid() != 0:
+		return failf(exitMountFailed, "%s; allow_other needs user_allow_other in /etc/fuse.conf (scripts/install-deps.sh adds it)", msg)
+	case errors.Is(err, fuse.ErrMount):
+		return failf(exitMountFailed, "%s; see the server output, check that /dev/fuse exists and that fusermount3 is installed (scripts/install-deps.sh)", msg)
+	}
+	return err
+}
+
+// serve mounts spec in this process and serves it until it is unmounted,
+// from outside or after SIGINT, SIGTERM or SIGHUP.
+func serve(spec *mountSpec, stdout io.Writer) error {
+	// The kernel sends the modes it wants applied; do not mask them.
+	unix.Umask(0)
+	work := spec.cfg.Layers.Work
+	pid, err := lockPidFile(work)
+	if err != nil {
+		return err
+	}
+	defer pid.release()
+	level := slog.LevelInfo
+	if spec.cfg.Debug {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	spec.cfg.Logger = logger
+	srv, err := fuse.Mount(spec.cfg)
+	if err != nil {
+		return mountFailure(err, &spec.cfg)
+	}
+	spec.live = true
+	logger.Info("mounted", "mountpoint", spec.cfg.Mountpoint, "lowers", spec.cfg.Layers.Lowers,
+		"upper", spec.cfg.Layers.Upper, "pid", os.Getpid())
+	if spec.announce != "" {
+		fmt.Fprintln(stdout, spec.announce)
+	}
+	ready.ok()
+	return waitServer(srv, logger)
+}
+
+// waitServer waits until the mount goes away; a signal unmounts it, lazily
+// when files are still open.
+func waitServer(srv *fuse.Server, logger *slog.Logger) error {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("close the sandbox journal: %w", err)
+			}
+			logger.Info("unmounted", "mountpoint", srv.Mountpoint())
+			return nil
+		case s := <-sigs:
+			logger.Info("unmounting", "signal", s.String())
+			if err := srv.Unmount(); err != nil {
+				logger.Warn("unmount failed; detaching lazily, the server exits once the last open file is closed", "err", err)
+				if err := lazyDetach(srv.Mountpoint()); err != nil {
+					logger.Error("lazy unmount failed", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// lazyDetach detaches mnt from the file system tree now; the kernel ends
+// the mount once nothing uses it any more.
+func lazyDetach(mnt string) error {
+	if os.Geteuid() == 0 {
+		return unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	return fusermount("-u", "-z", mnt)
+}
+
+// fusermount runs fusermount3 with args; its message becomes the error.
+func fusermount(args ...string) error {
+	bin, err := exec.LookPath("fusermount3")
+	if err != nil {
+		if bin, err = exec.LookPath("fusermount"); err != nil {
+			return fmt.Errorf("fusermount3 not found; install fuse3 (scripts/install-deps.sh)")
+		}
+	}
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if strings.Contains(msg, "busy") {
+			return fmt.Errorf("%s: %w", msg, unix.EBUSY)
+		}
+		if msg == "" {
+			msg = err.Error()
+		}
+		return errors.New(msg)
+	}
+	return nil
+}
+
+// The pid file of a serving process, DIR/work/server.pid, holds its pid
+// and an exclusive flock for as long as it serves: a second server of the
+// same sandbox is refused, and unmount knows when the server has exited.
+const pidFileName = "server.pid"
+
+type pidFile struct {
+	f    *os.File
+	path string
+}
+
+// lockPidFile takes the pid file of the sandbox whose work directory is
+// work, or says which process holds it.
+func lockPidFile(work string) (*pidFile, error) {
+	path := filepath.Join(work, pidFileName)
+	for range 5 {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("pid file: %w", err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			b, _ := io.ReadAll(f)
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, failf(exitBusy, "sandbox %s is already served by process %s; unmount its mount first",
+					filepath.Dir(work), strings.TrimSpace(string(b)))
+			}
+			return nil, fmt.Errorf("lock pid file: %w", err)
+		}
+		// The previous holder may have removed the file between our open
+		// and our lock: then the lock is on a dead inode; start over.
+		var fst, pst unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &fst) == nil && unix.Stat(path, &pst) == nil && fst.Ino == pst.Ino && fst.Dev == pst.Dev {
+			p := &pidFile{f: f, path: path}
+			err := f.Truncate(0)
+			if err == nil {
+				_, err = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+			}
+			if err != nil {
+				p.release()
+				return nil, fmt.Errorf("write pid file: %w", err)
+			}
+			return p, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("pid file %s keeps changing; is another server starting?", path)
+}
+
+func (p *pidFile) release() {
+	_ = os.Remove(p.path)
+	_ = p.f.Close()
+}
+
+// waitServerExit waits up to timeout until no process serves the sandbox
+// whose work directory is work. It returns the pid still serving, or 0.
+func waitServerExit(work string, timeout time.Duration) int {
+	path := filepath.Join(work, pidFileName)
+	deadline := time.Now().Add(timeout)
+	for {
+		f, err := os.Open(path)
+		if err != nil {
+			return 0 // removed by the exiting server, or unreadable: nothing to wait for
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		b, _ := io.ReadAll(f)
+		f.Close()
+		if err == nil {
+			return 0 // nobody holds it: the server is gone
+		}
+		if time.Now().After(deadline) {
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			return max(pid, 1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
