@@ -154,7 +154,32 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 			cs.Changes = append(cs.Changes, c)
 		}
 	}
+	// A rename's source is gone by the rename itself.
+	renamedFrom := map[string]bool{}
+	for _, c := range cs.Changes {
+		if c.Kind == Renamed {
+			renamedFrom[c.From] = true
+		}
+	}
+	cs.Changes = slices.DeleteFunc(cs.Changes, func(c Change) bool {
+		return c.Kind == Deleted && renamedFrom[c.Path]
+	})
 	return cs, nil
+}
+
+// counterpart is the original path of what sits at p now: p itself, or
+// p translated through the nearest renamed ancestor (or p's own rename).
+func (t *touched) counterpart(p string) string {
+	for q := p; ; {
+		if from, ok := t.from[q]; ok {
+			return from + p[len(q):]
+		}
+		i := strings.LastIndexByte(q, '/')
+		if i < 0 {
+			return p
+		}
+		q = q[:i]
+	}
 }
 
 // classify compares the final overlay state of p with the original's.
@@ -166,7 +191,8 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if err != nil {
 		return Change{}, false, err
 	}
-	lo, inLo, err := l.resolveLower(p)
+	cp := t.counterpart(p)
+	lo, inLo, err := l.resolveLower(cp)
 	if err != nil {
 		return Change{}, false, err
 	}
@@ -180,9 +206,13 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c.Type = typeName(ov.Stat.Mode)
 	if from, ok := t.from[p]; ok && from != p {
-		if _, had, _ := l.resolveLower(from); had && l.cameFrom(p, &ov, from) {
+		if inLo && l.cameFrom(&ov, from) {
 			c.Kind, c.From = Renamed, from
 			return c, true, nil
+		}
+		// The moved object was replaced since: compare with the original's p.
+		if lo, inLo, err = l.resolveLower(p); err != nil {
+			return c, false, err
 		}
 	}
 	if !inLo {
@@ -203,12 +233,9 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	return c, true, nil
 }
 
-// cameFrom reports whether the overlay object at p is the original object
+// cameFrom reports whether the overlay object e is the original object
 // from (a renamed file carries its origin, a renamed directory its redirect).
-func (l *Layers) cameFrom(p string, e *Entry, from string) bool {
-	if e.IsDir() {
-		return len(e.Lowers) > 0 && e.Lowers[0].Path == from
-	}
+func (l *Layers) cameFrom(e *Entry, from string) bool {
 	return len(e.Lowers) > 0 && e.Lowers[0].Path == from
 }
 
