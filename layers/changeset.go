@@ -93,10 +93,7 @@ func replay(recs []Record) *touched {
 
 // move renames old to new in every record kept so far, subtree included.
 func (t *touched) move(old, new string) {
-	origFrom, ok := t.from[old]
-	if !ok {
-		origFrom = old
-	}
+	origFrom := t.counterpart(old)
 	for _, m := range []map[string]string{t.from, t.link} {
 		for k, v := range m {
 			if nk, ok := under(k, old, new); ok {
@@ -162,7 +159,7 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 		}
 	}
 	cs.Changes = slices.DeleteFunc(cs.Changes, func(c Change) bool {
-		return c.Kind == Deleted && renamedFrom[c.Path]
+		return c.Kind == Deleted && renamedFrom[t.counterpart(c.Path)]
 	})
 	return cs, nil
 }

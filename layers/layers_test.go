@@ -278,3 +278,17 @@ func TestChangeSetInsideRenamedDir(t *testing.T) {
 		{Path: "documentation/notes", Kind: Deleted, Type: "file"},
 	}, cs.Changes)
 }
+
+func TestChangeSetNestedRenames(t *testing.T) {
+	s := newStack(t, map[string]string{"p/c/f": "1", "p/g": "2"})
+	var a, b Obj
+	require.NoError(t, s.Rename("", s.dir(""), "p", &a, "", s.dir(""), "q", 0, s.c))
+	require.NoError(t, s.Rename("q", s.dir("q"), "c", &b, "", s.dir(""), "r", 0, s.c))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	assert.Equal(t, []Change{
+		{Path: "q", Kind: Renamed, From: "p", Type: "dir"},
+		{Path: "r", Kind: Renamed, From: "p/c", Type: "dir"},
+	}, cs.Changes)
+	assert.Equal(t, "1", s.read("r/f"))
+}
