@@ -73,6 +73,7 @@ func replay(recs []Record) *touched {
 	t := &touched{paths: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}}
 	for _, r := range recs {
 		switch r.Op {
+		case OpBase: // names an original path, not a change
 		case OpRename:
 			if r.Flags&unix.RENAME_EXCHANGE != 0 {
 				t.exchange(r.Path, r.Path2)

@@ -72,6 +72,11 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 	if err := unix.Lstat(spath, &st); err != nil {
 		return err
 	}
+	if l.journal != nil {
+		if err := l.noteBase(src, &st); err != nil {
+			return err
+		}
+	}
 	og := origin{layer: src.Layer, path: src.Path}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink == 1 {
 		og.ino = l.stableIno(st.Dev, st.Ino)

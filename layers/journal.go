@@ -36,13 +36,14 @@ const (
 	OpSetattr                   // chmod/chown/utimes; Flags = the FATTR mask
 	OpSetxattr                  // extended attribute set
 	OpRemovexattr               // extended attribute removed
+	OpBase                      // first sight of an original object: Path = its path in the original, Path2 = its signature
 )
 
 var opNames = [...]string{
 	OpCreate: "create", OpMkdir: "mkdir", OpMknod: "mknod", OpSymlink: "symlink",
 	OpLink: "link", OpUnlink: "unlink", OpRmdir: "rmdir", OpRename: "rename",
 	OpWrite: "write", OpTruncate: "truncate", OpSetattr: "setattr",
-	OpSetxattr: "setxattr", OpRemovexattr: "removexattr",
+	OpSetxattr: "setxattr", OpRemovexattr: "removexattr", OpBase: "base",
 }
 
 // String returns the stable lowercase name of o ("create", "mkdir", ...),
@@ -54,7 +55,7 @@ func (o Op) String() string {
 	return "op(" + strconv.Itoa(int(o)) + ")"
 }
 
-func (o Op) valid() bool { return o >= OpCreate && o <= OpRemovexattr }
+func (o Op) valid() bool { return o >= OpCreate && o <= OpBase }
 
 // Record is one journal entry.
 type Record struct {

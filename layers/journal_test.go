@@ -149,7 +149,7 @@ func TestJournalAppendRejects(t *testing.T) {
 		want error
 	}{
 		{name: "op 0", r: Record{Op: 0, Path: "x"}, want: unix.EINVAL},
-		{name: "unknown op", r: Record{Op: OpRemovexattr + 1, Path: "x"}, want: unix.EINVAL},
+		{name: "unknown op", r: Record{Op: OpBase + 1, Path: "x"}, want: unix.EINVAL},
 		{name: "too large", r: Record{Op: OpCreate, Path: strings.Repeat("x", maxRecordPayload)}, want: unix.ENAMETOOLONG},
 	}
 	for _, tc := range tests {
@@ -350,7 +350,7 @@ func TestJournalRejectsBadPayload(t *testing.T) {
 		name string
 		p    []byte
 	}{
-		{name: "unknown op", p: append([]byte{byte(OpRemovexattr + 1)}, payload[1:]...)},
+		{name: "unknown op", p: append([]byte{byte(OpBase + 1)}, payload[1:]...)},
 		{name: "trailing byte", p: append(bytes.Clone(payload), 0)},
 		{name: "path overruns", p: append(bytes.Clone(payload[:17]), 0xff, 0, 0, 0, 'a')},
 		{name: "short fixed part", p: payload[:recordFixedLen-1]},

@@ -85,6 +85,7 @@ type Layers struct {
 	devIdx map[uint64]uint64
 
 	journal *Journal
+	bases   sync.Map // original paths whose base signature is recorded
 }
 
 // Errors a caller may want to tell apart.

@@ -251,9 +251,15 @@ func (l *Layers) Rmdir(dirRel string, dir Obj, name string, c Caller) error {
 // remove takes rel out of the merged view: the upper object goes, and a
 // whiteout stays where a lower object would otherwise show through.
 func (l *Layers) remove(rel string, dir Obj, name string) error {
-	need, err := l.lowerHas(dir.Lowers, name)
+	first, dirs, err := l.stepLowers(dir.Lowers, name, false)
 	if err != nil {
 		return err
+	}
+	need := first != nil || len(dirs) > 0
+	if first != nil {
+		if err := l.noteBase(first.origin, &first.st); err != nil {
+			return err
+		}
 	}
 	upath := l.UpperPath(rel)
 	if !l.inUpper(rel) {
