@@ -1,0 +1,190 @@
+package commit
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Apply changes the original, step by step. On an error the original is
+// partly changed: call Undo.
+func (x *Txn) Apply() (err error) {
+	if len(x.log.Steps) == 0 {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = &Error{Stage: StageApply, Err: fmt.Errorf("panic: %v", r)}
+		}
+	}()
+	for i := range x.log.Steps {
+		if i == len(x.log.Steps)/2 {
+			x.fault("applying")
+		}
+		if err := x.apply(&x.log.Steps[i]); err != nil {
+			return &Error{Stage: StageApply, Paths: []string{x.log.Steps[i].Path}, Err: err}
+		}
+	}
+	x.fault("applied")
+	return nil
+}
+
+func (x *Txn) apply(s *step) error {
+	switch s.Kind {
+	case opDetach:
+		ok, _, err := x.orig.exists(s.Path)
+		if err != nil || !ok {
+			return err
+		}
+		return move(x.orig, s.Path, x.txn, s.Slot)
+	case opInstall:
+		if err := stripAttrs(x.txn, s); err != nil {
+			return err
+		}
+		return move(x.txn, s.Slot, x.orig, s.Path)
+	case opAttach:
+		return move(x.txn, s.Slot, x.orig, s.Path)
+	case opMkdir:
+		return x.orig.mkdir(s.Path, s.Mode)
+	case opMeta:
+		return x.orig.setMeta(s.Path, s.New)
+	}
+	return fmt.Errorf("unknown step %q", s.Kind)
+}
+
+// Undo puts the original back as it was before Apply, in reverse order,
+// checking each step against what it finds, so it is safe after a partial
+// Apply, after a crash, and when run twice. It goes on past a failed step;
+// when any fails, the transaction directory (with the backups) is kept and
+// the error lists what could not be restored.
+func (x *Txn) Undo() error {
+	if len(x.log.Steps) == 0 {
+		x.close()
+		return removeUndoLog(x.work)
+	}
+	var failed []string
+	var errs []error
+	for i := len(x.log.Steps) - 1; i >= 0; i-- {
+		if i == len(x.log.Steps)/2 {
+			x.fault("undoing")
+		}
+		s := &x.log.Steps[i]
+		if err := x.undo(s); err != nil {
+			failed = append(failed, s.Path)
+			errs = append(errs, fmt.Errorf("%s %s: %w", s.Kind, s.Path, err))
+		}
+	}
+	if len(failed) > 0 {
+		return &Error{Stage: StageUndo, Paths: failed, Kept: x.log.Txn, Err: errors.Join(errs...)}
+	}
+	if err := x.rebase(); err != nil {
+		return &Error{Stage: StageUndo, Err: fmt.Errorf("record the restored state: %w", err)}
+	}
+	x.discardStage()
+	x.close()
+	if err := removeUndoLog(x.work); err != nil {
+		return &Error{Stage: StageUndo, Err: err}
+	}
+	return nil
+}
+
+func (x *Txn) undo(s *step) error {
+	switch s.Kind {
+	case opMeta:
+		if s.Old == nil {
+			return nil
+		}
+		if ok, _, err := x.orig.exists(s.Path); err != nil || !ok {
+			return err
+		}
+		return x.orig.setMeta(s.Path, s.Old)
+	case opMkdir:
+		ok, st, err := x.orig.exists(s.Path)
+		if err != nil || !ok || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return err
+		}
+		return x.orig.rmdir(s.Path)
+	case opInstall, opAttach:
+		ok, st, err := x.orig.exists(s.Path)
+		if err != nil || !ok || st.Ino != s.Ino {
+			return err // not ours, or never moved
+		}
+		if busy, _, _ := x.txn.exists(s.Slot); busy {
+			return fmt.Errorf("slot %s is taken", s.Slot)
+		}
+		return move(x.orig, s.Path, x.txn, s.Slot)
+	case opDetach:
+		ok, _, err := x.txn.exists(s.Slot)
+		if err != nil || !ok {
+			return err
+		}
+		if there, _, _ := x.orig.exists(s.Path); there {
+			return fmt.Errorf("cannot put the backup back: %w", unix.EEXIST)
+		}
+		return move(x.txn, s.Slot, x.orig, s.Path)
+	}
+	return nil
+}
+
+// MarkCommitted is the commit point: the original's filesystem is synced,
+// then the undo log says "committed". After it, recovery finishes the
+// transaction instead of undoing it.
+func (x *Txn) MarkCommitted() error {
+	if len(x.log.Steps) == 0 {
+		return nil
+	}
+	if err := x.orig.syncfs(); err != nil {
+		return &Error{Stage: StageApply, Err: fmt.Errorf("sync the original: %w", err)}
+	}
+	x.log.State = stateCommitted
+	if err := writeUndoLog(x.work, &x.log); err != nil {
+		return &Error{Stage: StageApply, Err: fmt.Errorf("mark committed: %w", err)}
+	}
+	x.fault("committed")
+	return nil
+}
+
+// Finish drops the backups and the transaction directory of a committed
+// transaction, then its undo log.
+func (x *Txn) Finish() error {
+	defer x.close()
+	if x.log.Txn != "" {
+		if err := os.RemoveAll(x.log.Txn); err != nil {
+			return &Error{Stage: StageFinish, Kept: x.log.Txn, Err: err}
+		}
+	}
+	x.fault("cleaned")
+	if err := removeUndoLog(x.work); err != nil {
+		return &Error{Stage: StageFinish, Err: err}
+	}
+	return nil
+}
+
+// Commit runs a whole single-sandbox commit: prepare, apply, commit point,
+// cleanup; a failure after Prepare undoes what was applied.
+func Commit(x *Txn) error {
+	if err := x.Apply(); err != nil {
+		if uerr := x.Undo(); uerr != nil {
+			var ue *Error
+			if errors.As(uerr, &ue) {
+				ue.Cause = err
+				return ue
+			}
+			return errors.Join(err, uerr)
+		}
+		var ae *Error
+		if errors.As(err, &ae) {
+			ae.RolledBack = true
+		}
+		return err
+	}
+	if err := x.MarkCommitted(); err != nil {
+		if uerr := x.Undo(); uerr != nil {
+			return errors.Join(err, uerr)
+		}
+		return err
+	}
+	return x.Finish()
+}

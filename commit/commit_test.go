@@ -1,0 +1,332 @@
+package commit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// sandbox is a layers stack over a real original, changed through the
+// layers API (as the mount would) and mirrored on a plain reference copy.
+type sandbox struct {
+	t        *testing.T
+	cfg      layers.Config
+	l        *layers.Layers
+	orig     string
+	ref      string // the same changes made with plain syscalls
+	c        layers.Caller
+	obj      map[string]layers.Obj
+	resolved bool
+}
+
+func newSandbox(t *testing.T, files map[string]string) *sandbox {
+	t.Helper()
+	dir := t.TempDir()
+	s := &sandbox{t: t, orig: filepath.Join(dir, "orig"), ref: filepath.Join(dir, "ref")}
+	for _, root := range []string{s.orig, s.ref} {
+		for p, v := range files {
+			full := filepath.Join(root, p)
+			if strings.HasSuffix(p, "/") {
+				require.NoError(t, os.MkdirAll(full, 0o755))
+				continue
+			}
+			require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+			if strings.HasPrefix(v, "-> ") {
+				require.NoError(t, os.Symlink(v[3:], full))
+				continue
+			}
+			require.NoError(t, os.WriteFile(full, []byte(v), 0o644))
+		}
+	}
+	s.cfg = layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{s.orig}}
+	require.NoError(t, os.Mkdir(s.cfg.Upper, 0o700))
+	require.NoError(t, os.Mkdir(s.cfg.Work, 0o700))
+	s.open()
+	return s
+}
+
+func (s *sandbox) open() {
+	l, err := layers.Open(s.cfg)
+	require.NoError(s.t, err)
+	s.l = l
+}
+
+// done closes the stack (the journal is on disk) before a commit.
+func (s *sandbox) done() { require.NoError(s.t, s.l.Close()) }
+
+// lookup resolves p from the root through layers.Lookup.
+func (s *sandbox) lookup(p string) layers.Obj {
+	e, err := s.l.Root()
+	require.NoError(s.t, err)
+	dir := ""
+	for _, name := range strings.Split(p, "/") {
+		if name == "" {
+			continue
+		}
+		e, err = s.l.Lookup(dir, e.Obj, name)
+		require.NoError(s.t, err, p)
+		dir = layers.Join(dir, name)
+	}
+	return e.Obj
+}
+
+func split(p string) (string, string) {
+	d, n := filepath.Split(p)
+	return strings.TrimSuffix(d, "/"), n
+}
+
+func (s *sandbox) write(p, data string) {
+	d, n := split(p)
+	var fd int
+	var err error
+	if _, lerr := s.l.Lookup(d, s.lookup(d), n); lerr == nil {
+		o := s.lookup(p)
+		fd, _, err = s.l.Open(p, &o, unix.O_WRONLY|unix.O_TRUNC, s.c)
+	} else {
+		fd, _, err = s.l.Create(d, s.lookup(d), n, 0o644, s.c)
+	}
+	require.NoError(s.t, err)
+	_, err = unix.Write(fd, []byte(data))
+	require.NoError(s.t, err)
+	unix.Close(fd)
+	require.NoError(s.t, os.WriteFile(filepath.Join(s.ref, p), []byte(data), 0o644))
+}
+
+func (s *sandbox) mkdir(p string) {
+	d, n := split(p)
+	_, err := s.l.Mkdir(d, s.lookup(d), n, 0o750, s.c)
+	require.NoError(s.t, err)
+	require.NoError(s.t, os.Mkdir(filepath.Join(s.ref, p), 0o750))
+}
+
+func (s *sandbox) remove(p string) {
+	d, n := split(p)
+	st, err := os.Lstat(filepath.Join(s.ref, p))
+	require.NoError(s.t, err)
+	if st.IsDir() {
+		require.NoError(s.t, s.l.Rmdir(d, s.lookup(d), n, s.c))
+	} else {
+		require.NoError(s.t, s.l.Unlink(d, s.lookup(d), n, s.c))
+	}
+	require.NoError(s.t, os.Remove(filepath.Join(s.ref, p)))
+}
+
+func (s *sandbox) rename(a, b string) {
+	da, na := split(a)
+	db, nb := split(b)
+	o := s.lookup(a)
+	require.NoError(s.t, s.l.Rename(da, s.lookup(da), na, &o, db, s.lookup(db), nb, 0, s.c))
+	require.NoError(s.t, os.Rename(filepath.Join(s.ref, a), filepath.Join(s.ref, b)))
+}
+
+func (s *sandbox) symlink(target, p string) {
+	d, n := split(p)
+	_, err := s.l.Symlink(d, s.lookup(d), n, target, s.c)
+	require.NoError(s.t, err)
+	require.NoError(s.t, os.Symlink(target, filepath.Join(s.ref, p)))
+}
+
+func (s *sandbox) chmod(p string, mode uint32) {
+	o := s.lookup(p)
+	_, err := s.l.Setattr(p, &o, -1, layers.SetAttr{Mode: &mode}, s.c)
+	require.NoError(s.t, err)
+	require.NoError(s.t, os.Chmod(filepath.Join(s.ref, p), os.FileMode(mode)))
+}
+
+func (s *sandbox) link(from, to string) {
+	d, n := split(to)
+	o := s.lookup(from)
+	_, err := s.l.Link(from, &o, d, s.lookup(d), n, s.c)
+	require.NoError(s.t, err)
+	require.NoError(s.t, os.Link(filepath.Join(s.ref, from), filepath.Join(s.ref, to)))
+}
+
+// snapshot describes a tree: type, mode, content hash, link target, and
+// which names share an inode.
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	inodes := map[uint64][]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		require.NoError(t, err)
+		rel, _ := filepath.Rel(root, p)
+		if rel == "." {
+			return nil
+		}
+		var st unix.Stat_t
+		require.NoError(t, unix.Lstat(p, &st))
+		desc := fmt.Sprintf("%o", st.Mode)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			b, err := os.ReadFile(p)
+			require.NoError(t, err)
+			h := sha256.Sum256(b)
+			desc += " " + hex.EncodeToString(h[:8])
+			if st.Nlink > 1 {
+				inodes[st.Ino] = append(inodes[st.Ino], rel)
+			}
+		case unix.S_IFLNK:
+			target, err := os.Readlink(p)
+			require.NoError(t, err)
+			desc += " -> " + target
+		}
+		out[rel] = desc
+		return nil
+	})
+	require.NoError(t, err)
+	for _, names := range inodes {
+		sort.Strings(names)
+		for _, n := range names {
+			out[n] += " links=" + strings.Join(names, ",")
+		}
+	}
+	return out
+}
+
+// commitAll commits and, as the CLI does, drops the upper afterwards.
+func commitAll(t *testing.T, cfg layers.Config, opt Options) error {
+	x, err := Prepare(cfg, opt)
+	if err != nil {
+		return err
+	}
+	if err := Commit(x); err != nil {
+		return err
+	}
+	return os.RemoveAll(cfg.Upper)
+}
+
+// work is a set of changes touching every kind of change a commit applies.
+func work(s *sandbox) {
+	s.write("mod.txt", "modified")
+	s.mkdir("newdir")
+	s.mkdir("newdir/sub")
+	s.write("newdir/sub/f", "new nested")
+	s.mkdir("emptydir")
+	s.remove("del.txt")
+	s.remove("gone/a")
+	s.remove("gone")
+	s.rename("tree", "moved")
+	s.write("moved/edit", "edited inside a moved dir")
+	s.remove("moved/drop")
+	s.rename("file.txt", "renamed.txt")
+	s.symlink("mod.txt", "newlink")
+	s.remove("oldlink")
+	s.symlink("renamed.txt", "oldlink")
+	s.chmod("meta.txt", 0o600)
+	s.link("newdir/sub/f", "hardlink")
+}
+
+var base = map[string]string{
+	"mod.txt": "m", "del.txt": "d", "meta.txt": "x", "file.txt": "f",
+	"gone/a": "a", "tree/keep": "k", "tree/edit": "e", "tree/drop": "d", "tree/deep/x": "x",
+	"oldlink": "-> mod.txt",
+}
+
+func TestCommitAppliesEveryKindOfChange(t *testing.T) {
+	s := newSandbox(t, base)
+	work(s)
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{Message: "all"}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	_, err := os.Stat(filepath.Join(s.cfg.Work, UndoLogName))
+	assert.ErrorIs(t, err, os.ErrNotExist, "the undo log is gone after a commit")
+	ents, err := os.ReadDir(s.cfg.Work)
+	require.NoError(t, err)
+	for _, e := range ents {
+		assert.False(t, strings.HasPrefix(e.Name(), "txn-"), "the transaction directory is gone: %s", e.Name())
+	}
+}
+
+func TestCommitMovesDirectoryAsOne(t *testing.T) {
+	s := newSandbox(t, map[string]string{"big/a": "1", "big/b/c": "2"})
+	var st1 unix.Stat_t
+	require.NoError(t, unix.Lstat(filepath.Join(s.orig, "big/b/c"), &st1))
+	s.rename("big", "huge")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	var st2 unix.Stat_t
+	require.NoError(t, unix.Lstat(filepath.Join(s.orig, "huge/b/c"), &st2))
+	assert.Equal(t, st1.Ino, st2.Ino, "children move with their directory, not by copy")
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+func TestEmptyCommitIsANoOp(t *testing.T) {
+	s := newSandbox(t, base)
+	s.done()
+	before := snapshot(t, s.orig)
+	x, err := Prepare(s.cfg, Options{})
+	require.NoError(t, err)
+	assert.Empty(t, x.Changes())
+	require.NoError(t, Commit(x))
+	require.NoError(t, x.Undo(), "undoing an empty commit succeeds")
+	assert.Equal(t, before, snapshot(t, s.orig))
+}
+
+func TestConflictRefusesAndForceApplies(t *testing.T) {
+	s := newSandbox(t, base)
+	s.write("mod.txt", "sandbox")
+	s.remove("del.txt")
+	s.done()
+	require.NoError(t, os.WriteFile(filepath.Join(s.orig, "mod.txt"), []byte("someone else"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(s.orig, "del.txt"), []byte("edited too"), 0o644))
+	before := snapshot(t, s.orig)
+	err := commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorIs(t, err, ErrConflict)
+	var paths []string
+	for _, c := range ce.Conflicts {
+		paths = append(paths, c.Path)
+	}
+	assert.ElementsMatch(t, []string{"mod.txt", "del.txt"}, paths)
+	assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+
+	require.NoError(t, commitAll(t, s.cfg, Options{Force: true}))
+	b, err := os.ReadFile(filepath.Join(s.orig, "mod.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "sandbox", string(b))
+}
+
+func TestUndoRestoresAndRetryWorks(t *testing.T) {
+	s := newSandbox(t, base)
+	work(s)
+	s.done()
+	before := snapshot(t, s.orig)
+	x, err := Prepare(s.cfg, Options{})
+	require.NoError(t, err)
+	require.NoError(t, x.Apply())
+	require.NoError(t, x.Undo())
+	assert.Equal(t, before, snapshot(t, s.orig), "undo puts the original back")
+	require.NoError(t, commitAll(t, s.cfg, Options{}), "the sandbox can commit again")
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+func TestSymlinkPlantedInOriginalIsNeverFollowed(t *testing.T) {
+	s := newSandbox(t, map[string]string{"dir/f": "x"})
+	s.write("dir/f", "sandbox")
+	s.write("dir/new", "n")
+	s.done()
+	outside := t.TempDir()
+	x, err := Prepare(s.cfg, Options{Force: true})
+	require.NoError(t, err)
+	// Someone swaps the directory for a symlink to elsewhere mid-commit.
+	require.NoError(t, os.Rename(filepath.Join(s.orig, "dir"), filepath.Join(s.orig, "dir.real")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(s.orig, "dir")))
+	err = Commit(x)
+	require.Error(t, err)
+	ents, rerr := os.ReadDir(outside)
+	require.NoError(t, rerr)
+	assert.Empty(t, ents, "nothing is written outside the original")
+}

@@ -1,0 +1,100 @@
+package commit
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// The crash tests run a commit (or a recovery) in a child process that
+// kills itself with SIGKILL at a named point, then recover in the parent
+// and check the original is all-old or all-new.
+const (
+	envCrashCfg   = "SBXFS_TEST_CRASH_CFG"
+	envCrashPoint = "SBXFS_TEST_CRASH_POINT"
+	envCrashMode  = "SBXFS_TEST_CRASH_MODE" // "commit" or "recover"
+)
+
+func killAt(point string) func(string) {
+	return func(p string) {
+		if p == point {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}
+
+// TestCrashChild is the child's body; it does nothing in a normal run.
+func TestCrashChild(t *testing.T) {
+	raw := os.Getenv(envCrashCfg)
+	if raw == "" {
+		t.Skip("runs only as the child of a crash test")
+	}
+	var cfg layers.Config
+	require.NoError(t, json.Unmarshal([]byte(raw), &cfg))
+	fault := killAt(os.Getenv(envCrashPoint))
+	if os.Getenv(envCrashMode) == "recover" {
+		_, err := Recover(cfg, RecoverOptions{Fault: fault})
+		require.NoError(t, err)
+		return
+	}
+	x, err := Prepare(cfg, Options{Fault: fault})
+	require.NoError(t, err)
+	require.NoError(t, Commit(x))
+}
+
+func runChild(t *testing.T, cfg layers.Config, mode, point string) {
+	t.Helper()
+	raw, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envCrashCfg+"="+string(raw), envCrashPoint+"="+point, envCrashMode+"="+mode)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "the child must die at %s: %s", point, out)
+	ws := ee.Sys().(syscall.WaitStatus)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "killed at %s: %s", point, out)
+}
+
+func TestCrashAtEveryPointRecoversAllOldOrAllNew(t *testing.T) {
+	for _, point := range FaultPoints {
+		t.Run(point, func(t *testing.T) {
+			s := newSandbox(t, base)
+			work(s)
+			s.done()
+			old := snapshot(t, s.orig)
+			runChild(t, s.cfg, "commit", point)
+			rec, err := Recover(s.cfg, RecoverOptions{})
+			require.NoError(t, err)
+			committed := slices.Index(FaultPoints, point) >= slices.Index(FaultPoints, "committed")
+			if committed {
+				require.NoError(t, os.RemoveAll(s.cfg.Upper))
+				assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig), "all-new after %s (%s)", point, rec.Action)
+				return
+			}
+			assert.Equal(t, old, snapshot(t, s.orig), "all-old after %s (%s)", point, rec.Action)
+			require.NoError(t, commitAll(t, s.cfg, Options{}), "the sandbox commits after recovery")
+			assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+		})
+	}
+}
+
+func TestCrashDuringRecoveryRecoversAgain(t *testing.T) {
+	s := newSandbox(t, base)
+	work(s)
+	s.done()
+	old := snapshot(t, s.orig)
+	runChild(t, s.cfg, "commit", "applying")
+	runChild(t, s.cfg, "recover", "undoing")
+	_, err := Recover(s.cfg, RecoverOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, old, snapshot(t, s.orig))
+}

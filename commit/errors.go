@@ -1,0 +1,115 @@
+package commit
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// Stage says where a commit failed.
+type Stage string
+
+// The stages of a commit.
+const (
+	StagePrepare Stage = "prepare" // nothing was applied
+	StageApply   Stage = "apply"
+	StageUndo    Stage = "undo"
+	StageFinish  Stage = "finish" // committed; cleanup failed
+	StageRecover Stage = "recover"
+)
+
+// Error is the one shape of every commit failure.
+type Error struct {
+	Stage      Stage
+	Conflicts  []Conflict // paths the original changed underneath the sandbox
+	Paths      []string   // the paths a failed step or undo was about
+	RolledBack bool       // an applied part was undone: the original is as before
+	Kept       string     // transaction directory kept with backups that could not be restored
+	Cause      error      // the failure an undo was answering, when the undo failed too
+	Err        error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "commit %s: %v", e.Stage, e.Err)
+	if len(e.Conflicts) > 0 {
+		b.WriteString(":")
+		for _, c := range e.Conflicts {
+			fmt.Fprintf(&b, "\n  %s: %s", c.Path, c.Reason)
+		}
+	}
+	if e.Cause != nil {
+		fmt.Fprintf(&b, " (while undoing after: %v)", e.Cause)
+	}
+	if e.RolledBack {
+		b.WriteString("; the original is unchanged")
+	}
+	if e.Kept != "" {
+		fmt.Fprintf(&b, "; backups kept in %s", e.Kept)
+	}
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errors to match with errors.Is.
+var (
+	ErrConflict = errors.New("the original changed underneath the sandbox")
+	ErrBusy     = errors.New("sandbox busy")
+)
+
+// Conflict is one path the original changed after the sandbox first
+// changed it.
+type Conflict struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// conflicts compares each changed path's original with what the sandbox
+// saw when it first changed it.
+func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signature) []Conflict {
+	r := newRenames(cs)
+	var out []Conflict
+	for _, c := range cs.Changes {
+		p := conflictKey(r, c)
+		base, seen := bases[p]
+		there, st, err := orig.exists(p)
+		switch {
+		case err != nil:
+			out = append(out, Conflict{Path: c.Path, Reason: err.Error()})
+		case !seen && there && (c.Kind == layers.Created || c.Kind == layers.Linked):
+			out = append(out, Conflict{Path: c.Path, Reason: "created in the original too"})
+		case !seen:
+		case !there:
+			out = append(out, Conflict{Path: c.Path, Reason: "removed from the original"})
+		case layers.SignatureOf(&st) != base:
+			out = append(out, Conflict{Path: c.Path, Reason: describe(base, &st)})
+		}
+	}
+	return out
+}
+
+// conflictKey is the original path a change is checked against.
+func conflictKey(r renames, c layers.Change) string {
+	if c.Kind == layers.Renamed {
+		return c.From
+	}
+	return r.original(c.Path)
+}
+
+func describe(base layers.Signature, st *unix.Stat_t) string {
+	now := layers.SignatureOf(st)
+	switch {
+	case base.Ino != now.Ino || base.Mode&unix.S_IFMT != now.Mode&unix.S_IFMT:
+		return "replaced in the original"
+	case base.Size != now.Size || base.Mtime != now.Mtime:
+		return "content changed in the original"
+	case base.Mode != now.Mode:
+		return "mode changed in the original"
+	}
+	return "changed in the original"
+}

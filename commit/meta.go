@@ -1,0 +1,119 @@
+package commit
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// procPath names an O_PATH descriptor's object for the calls that take a
+// path: it reaches exactly that inode, never a symlink's target.
+func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
+
+// isOverlayAttr reports the attributes of the upper layout, which never
+// reach an original.
+func isOverlayAttr(name string) bool {
+	return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay.")
+}
+
+// metaOf reads the metadata of the object open as fd (O_PATH).
+func metaOf(fd int) (*meta, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	m := &meta{Mode: st.Mode, Uid: st.Uid, Gid: st.Gid,
+		Atime: unix.TimespecToNsec(st.Atim), Mtime: unix.TimespecToNsec(st.Mtim)}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return m, nil // no attributes we could carry on a symlink
+	}
+	names, err := fsutil.LListXattrs(procPath(fd))
+	if err != nil && !errors.Is(err, unix.ENOTSUP) {
+		return nil, err
+	}
+	for _, n := range names {
+		if isOverlayAttr(n) {
+			continue
+		}
+		v, err := fsutil.LGetXattr(procPath(fd), n)
+		if err != nil {
+			continue
+		}
+		if m.Xattrs == nil {
+			m.Xattrs = map[string][]byte{}
+		}
+		m.Xattrs[n] = v
+	}
+	return m, nil
+}
+
+// metaAt reads the metadata of rel in t.
+func (t *tree) metaAt(rel string) (*meta, error) {
+	fd, err := t.openObj(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return metaOf(fd)
+}
+
+// setMeta gives rel in t the metadata m: owner, mode, attributes (those
+// not in m are removed), times last.
+func (t *tree) setMeta(rel string, m *meta) error {
+	dfd, name, err := t.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if err := unix.Fchownat(dfd, name, int(m.Uid), int(m.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(m.Atime), unix.NsecToTimespec(m.Mtime)}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	p := procPath(fd)
+	if err := unix.Chmod(p, m.Mode&0o7777); err != nil {
+		return err
+	}
+	if err := setXattrs(p, m.Xattrs); err != nil {
+		return err
+	}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
+}
+
+func setXattrs(p string, want map[string][]byte) error {
+	have, err := fsutil.LListXattrs(p)
+	if err != nil && !errors.Is(err, unix.ENOTSUP) {
+		return err
+	}
+	for _, n := range have {
+		if _, keep := want[n]; !keep && !isOverlayAttr(n) && !strings.HasPrefix(n, "security.") {
+			if err := unix.Removexattr(p, n); err != nil && !errors.Is(err, unix.ENODATA) {
+				return err
+			}
+		}
+	}
+	for n, v := range want {
+		if err := unix.Setxattr(p, n, v, 0); err != nil {
+			if errors.Is(err, unix.EPERM) && !strings.HasPrefix(n, "user.") {
+				continue // trusted.* or security.* we may not set here
+			}
+			return err
+		}
+	}
+	return nil
+}

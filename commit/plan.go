@@ -1,0 +1,149 @@
+package commit
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// renames maps paths between the original's namespace and the sandbox's
+// final one, through the renamed directories of a change set.
+type renames struct {
+	dirs []layers.Change // Renamed directories
+}
+
+func newRenames(cs layers.ChangeSet) renames {
+	var r renames
+	for _, c := range cs.Changes {
+		if c.Kind == layers.Renamed && c.Type == "dir" {
+			r.dirs = append(r.dirs, c)
+		}
+	}
+	return r
+}
+
+// original is the original path of what the sandbox has at final path p.
+func (r renames) original(p string) string {
+	best := -1
+	for i, d := range r.dirs {
+		if under(p, d.Path) && (best < 0 || len(d.Path) > len(r.dirs[best].Path)) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return p
+	}
+	return r.dirs[best].From + p[len(r.dirs[best].Path):]
+}
+
+// final is where the original path p ends up once directories are moved.
+func (r renames) final(p string) string {
+	best := -1
+	for i, d := range r.dirs {
+		if under(p, d.From) && (best < 0 || len(d.From) > len(r.dirs[best].From)) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return p
+	}
+	return r.dirs[best].Path + p[len(r.dirs[best].From):]
+}
+
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// planner builds the steps of a transaction from a change set.
+type planner struct {
+	r       renames
+	n       int
+	phase1  []step            // renamed directories moved aside, deepest first
+	byPath  map[string][]step // detach and create steps, by final path
+	metas   []step
+	install map[string]bool // final paths that get a staged object
+}
+
+func (p *planner) slot(kind string) string {
+	p.n++
+	return kind + "/" + strconv.Itoa(p.n)
+}
+
+func (p *planner) at(path string, s step) { p.byPath[path] = append(p.byPath[path], s) }
+
+// plan returns the ordered steps for cs: phase 1 (directories aside), then
+// by final path with parents first (what is there goes to the backup area,
+// then the new object comes in), then metadata with children first.
+// Metadata before the change (Old) is filled in later, from the original.
+func plan(cs layers.ChangeSet) []step {
+	p := &planner{r: newRenames(cs), byPath: map[string][]step{}, install: map[string]bool{}}
+	dirs := slices.Clone(p.r.dirs)
+	slices.SortFunc(dirs, func(a, b layers.Change) int { return depth(b.From) - depth(a.From) })
+	moved := map[string]string{}
+	for _, d := range dirs {
+		s := step{Kind: opDetach, Path: d.From, Slot: p.slot("m")}
+		moved[d.Path] = s.Slot
+		p.phase1 = append(p.phase1, s)
+	}
+	for _, c := range cs.Changes {
+		p.change(c, moved)
+	}
+	for _, c := range cs.Changes {
+		if c.Kind == layers.Linked && !p.install[c.From] {
+			p.replace(c.From) // keep the link: both names get the new inode
+		}
+	}
+	paths := make([]string, 0, len(p.byPath))
+	for k := range p.byPath {
+		paths = append(paths, k)
+	}
+	slices.SortFunc(paths, comparePaths)
+	steps := slices.Clone(p.phase1)
+	for _, k := range paths {
+		steps = append(steps, p.byPath[k]...)
+	}
+	slices.SortStableFunc(p.metas, func(a, b step) int { return depth(b.Path) - depth(a.Path) })
+	return append(steps, p.metas...)
+}
+
+func (p *planner) change(c layers.Change, moved map[string]string) {
+	switch {
+	case c.Kind == layers.Renamed && c.Type == "dir":
+		p.at(c.Path, step{Kind: opDetach, Path: c.Path, Slot: p.slot("b")})
+		p.at(c.Path, step{Kind: opAttach, Path: c.Path, Slot: moved[c.Path]})
+		p.metas = append(p.metas, step{Kind: opMeta, Path: c.Path, New: &meta{}})
+	case c.Kind == layers.Renamed:
+		from := p.r.final(c.From)
+		p.at(from, step{Kind: opDetach, Path: from, Slot: p.slot("b")})
+		p.replace(c.Path)
+	case c.Kind == layers.Deleted:
+		p.at(c.Path, step{Kind: opDetach, Path: c.Path, Slot: p.slot("b")})
+	case c.Kind == layers.Metadata:
+		p.metas = append(p.metas, step{Kind: opMeta, Path: c.Path, New: &meta{}})
+	case c.Type == "dir": // created, or a non-directory replaced by one
+		p.at(c.Path, step{Kind: opDetach, Path: c.Path, Slot: p.slot("b")})
+		p.at(c.Path, step{Kind: opMkdir, Path: c.Path})
+		p.metas = append(p.metas, step{Kind: opMeta, Path: c.Path, New: &meta{}})
+	default: // created, modified or linked non-directory
+		p.replace(c.Path)
+	}
+}
+
+// replace moves whatever the original has at path aside and installs the
+// sandbox's object there.
+func (p *planner) replace(path string) {
+	if p.install[path] {
+		return
+	}
+	p.install[path] = true
+	p.at(path, step{Kind: opDetach, Path: path, Slot: p.slot("b")})
+	p.at(path, step{Kind: opInstall, Path: path, Slot: p.slot("s")})
+}
+
+func depth(p string) int { return strings.Count(p, "/") }
+
+// comparePaths orders paths component by component, so a directory comes
+// right before everything beneath it.
+func comparePaths(a, b string) int {
+	return slices.Compare(strings.Split(a, "/"), strings.Split(b, "/"))
+}

@@ -1,0 +1,71 @@
+package commit
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// rebaseName holds, per original path, the signature an undo left behind.
+// Moving an object away and back changes its ctime; without this a
+// sandbox whose commit was undone would conflict with itself on retry.
+const rebaseName = "rebase.json"
+
+// bases returns the signatures to check conflicts against: the journal's
+// first sight of each path, replaced by what an undo restored.
+func bases(cfg layers.Config, recs []layers.Record) map[string]layers.Signature {
+	b := layers.Bases(recs)
+	data, err := os.ReadFile(filepath.Join(cfg.Work, rebaseName))
+	if err != nil {
+		return b
+	}
+	var over map[string]layers.Signature
+	if json.Unmarshal(data, &over) == nil {
+		for p, s := range over {
+			b[p] = s
+		}
+	}
+	return b
+}
+
+// rebase records the signatures of the original paths of changes after an
+// undo put them back.
+func (x *Txn) rebase() error {
+	data, err := os.ReadFile(filepath.Join(x.work, rebaseName))
+	over := map[string]layers.Signature{}
+	if err == nil {
+		_ = json.Unmarshal(data, &over)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	recs, err := layers.ReadJournal(journalPath(x.cfg))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	seen := layers.Bases(recs)
+	cs := layers.ChangeSet{Changes: x.changes}
+	if cs.Changes == nil { // after a crash: the original is back, ask again
+		if cs, err = layers.Changes(x.cfg); err != nil {
+			return err
+		}
+	}
+	r := newRenames(cs)
+	for _, c := range cs.Changes {
+		p := conflictKey(r, c)
+		if _, ok := seen[p]; !ok {
+			continue
+		}
+		if there, st, err := x.orig.exists(p); err == nil && there {
+			over[p] = layers.SignatureOf(&st)
+		}
+	}
+	b, err := json.Marshal(over)
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(filepath.Join(x.work, rebaseName), b, 0o600)
+}

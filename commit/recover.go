@@ -1,0 +1,79 @@
+package commit
+
+import (
+	"errors"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// RecoverOptions tune Recover.
+type RecoverOptions struct {
+	// Decide, when set, overrides the undo log's own state for a
+	// transaction that is part of a plan: it reports whether the plan
+	// committed (known false: use the log's state).
+	Decide func(id string) (committed, known bool)
+	// Fault is called at the named points of recovery (tests).
+	Fault func(point string)
+}
+
+// Recovery says what Recover did.
+type Recovery struct {
+	ID     string `json:"id"`
+	Action string `json:"action"` // "none", "undone" (all-old) or "finished" (all-new)
+}
+
+// Recover brings an interrupted commit of the sandbox cfg to an end: one
+// that had not reached its commit point is undone (the original is as
+// before, the sandbox keeps its changes), one that had is finished (the
+// backups are dropped).
+func Recover(cfg layers.Config, opt RecoverOptions) (Recovery, error) {
+	lock, err := lockSandbox(cfg.Work)
+	if err != nil {
+		return Recovery{}, &Error{Stage: StageRecover, Err: err}
+	}
+	defer func() {
+		if lock >= 0 {
+			unix.Close(lock)
+		}
+	}()
+	l, err := readUndoLog(cfg.Work)
+	if errors.Is(err, os.ErrNotExist) {
+		cleanStale(cfg, "")
+		return Recovery{Action: "none"}, nil
+	}
+	if err != nil {
+		return Recovery{}, &Error{Stage: StageRecover, Err: err}
+	}
+	if l.Original != cfg.Lowers[0] {
+		return Recovery{}, &Error{Stage: StageRecover, Err: errors.New("undo log names another original: " + l.Original)}
+	}
+	committed := l.State == stateCommitted
+	if opt.Decide != nil {
+		if c, known := opt.Decide(l.ID); known {
+			committed = c
+		}
+	}
+	x := &Txn{cfg: cfg, work: cfg.Work, log: *l, opt: Options{Fault: opt.Fault}, lock: lock}
+	lock = -1 // x.close releases it
+	if x.orig, err = openTree(l.Original); err != nil {
+		return Recovery{}, &Error{Stage: StageRecover, Err: err}
+	}
+	if x.txn, err = openTree(l.Txn); err != nil {
+		x.close()
+		if !errors.Is(err, os.ErrNotExist) {
+			return Recovery{}, &Error{Stage: StageRecover, Err: err}
+		}
+		// No transaction directory: nothing was staged or it is all gone.
+		return Recovery{ID: l.ID, Action: "finished"}, removeUndoLog(cfg.Work)
+	}
+	if committed {
+		return Recovery{ID: l.ID, Action: "finished"}, x.Finish()
+	}
+	if err := x.Undo(); err != nil {
+		return Recovery{ID: l.ID, Action: "undo failed"}, err
+	}
+	return Recovery{ID: l.ID, Action: "undone"}, nil
+}

@@ -1,0 +1,132 @@
+package commit
+
+import (
+	"errors"
+	"fmt"
+	"path"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// tree is a directory written only through descriptors opened beneath it
+// with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS: a symlink planted anywhere in a
+// path makes the step fail; it is never followed.
+type tree struct {
+	root string
+	fd   int // O_PATH|O_DIRECTORY
+}
+
+func openTree(root string) (*tree, error) {
+	fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", root, err)
+	}
+	return &tree{root: root, fd: fd}, nil
+}
+
+func (t *tree) close() { unix.Close(t.fd) }
+
+// parent opens the directory holding rel and returns it with rel's last
+// component. The caller closes the descriptor.
+func (t *tree) parent(rel string) (int, string, error) {
+	rel, err := fsutil.CleanRel(rel)
+	if err != nil {
+		return -1, "", err
+	}
+	if rel == "" {
+		return -1, "", fmt.Errorf("the root itself: %w", unix.EINVAL)
+	}
+	dir, name := path.Split(rel)
+	if dir == "" {
+		fd, err := unix.Dup(t.fd)
+		return fd, name, err
+	}
+	fd, err := fsutil.OpenBeneath(t.fd, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, "", fmt.Errorf("%s: %w", path.Join(t.root, dir), err)
+	}
+	return fd, name, nil
+}
+
+// lstat stats rel without following a symlink at its end.
+func (t *tree) lstat(rel string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	dfd, name, err := t.parent(rel)
+	if err != nil {
+		return st, err
+	}
+	defer unix.Close(dfd)
+	err = unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	return st, err
+}
+
+// exists reports whether rel names something (ENOENT and ENOTDIR say no).
+func (t *tree) exists(rel string) (bool, unix.Stat_t, error) {
+	st, err := t.lstat(rel)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return false, st, nil
+	}
+	return err == nil, st, err
+}
+
+// move renames from (in tree a) to to (in tree b), never replacing an
+// existing entry at to.
+func move(a *tree, from string, b *tree, to string) error {
+	sfd, sname, err := a.parent(from)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	dfd, dname, err := b.parent(to)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	if err := unix.Renameat2(sfd, sname, dfd, dname, unix.RENAME_NOREPLACE); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", path.Join(a.root, from), path.Join(b.root, to), err)
+	}
+	return nil
+}
+
+// mkdir makes the directory rel with mode.
+func (t *tree) mkdir(rel string, mode uint32) error {
+	dfd, name, err := t.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	return unix.Mkdirat(dfd, name, mode&0o7777)
+}
+
+// rmdir removes the empty directory rel.
+func (t *tree) rmdir(rel string) error {
+	dfd, name, err := t.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	return unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR)
+}
+
+// openObj opens rel itself (O_PATH, never following a symlink).
+func (t *tree) openObj(rel string) (int, error) {
+	dfd, name, err := t.parent(rel)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dfd)
+	return unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
+// syncfs flushes the whole filesystem holding t (one call, whatever the
+// number of files staged or moved).
+func (t *tree) syncfs() error {
+	fd, err := unix.Open(t.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}

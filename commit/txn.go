@@ -1,0 +1,277 @@
+package commit
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// Options of a commit.
+type Options struct {
+	Message string // stored in the commit record
+	Force   bool   // apply despite conflicts
+	// Fault, when set, is called at each named point of the protocol
+	// (tests kill the process there). See FaultPoints.
+	Fault func(point string)
+}
+
+// FaultPoints are the named points between the steps of a commit and of
+// its recovery, in order.
+var FaultPoints = []string{"staged", "prepared", "applying", "applied", "committed", "cleaned"}
+
+// RecoveryFaultPoints are the named points inside an undo.
+var RecoveryFaultPoints = []string{"undoing"}
+
+// Txn is the commit of one sandbox in progress.
+type Txn struct {
+	cfg     layers.Config
+	work    string
+	opt     Options
+	log     undoLog
+	orig    *tree
+	txn     *tree
+	changes []layers.Change
+	lock    int // flock on work/commit.lock, -1 when not held
+}
+
+// lockSandbox takes the sandbox's commit lock: one commit, rollback or
+// recovery of a sandbox at a time, across processes.
+func lockSandbox(work string) (int, error) {
+	fd, err := unix.Open(filepath.Join(work, "commit.lock"), unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("another commit or recovery of this sandbox is running: %w", ErrBusy)
+	}
+	return fd, nil
+}
+
+// ErrInterrupted says an earlier commit of this sandbox did not finish.
+var ErrInterrupted = errors.New("an earlier commit of this sandbox was interrupted; run sbxfs recover")
+
+// Prepare computes the change set of the sandbox cfg, checks it against
+// the original, stages every new object and writes the undo log. The
+// original is unchanged when Prepare returns. A Txn with no changes is
+// valid: applying it does nothing.
+func Prepare(cfg layers.Config, opt Options) (*Txn, error) {
+	lock, err := lockSandbox(cfg.Work)
+	if err != nil {
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
+	x, err := prepare(cfg, opt, lock)
+	if err != nil {
+		unix.Close(lock)
+		return nil, err
+	}
+	return x, nil
+}
+
+func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
+	work := cfg.Work
+	if _, err := os.Stat(filepath.Join(work, UndoLogName)); err == nil {
+		return nil, &Error{Stage: StagePrepare, Err: ErrInterrupted}
+	}
+	cleanStale(cfg, "")
+	cs, err := layers.Changes(cfg)
+	if err != nil {
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
+	recs, err := layers.ReadJournal(journalPath(cfg))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
+	x := &Txn{cfg: cfg, work: work, opt: opt, changes: cs.Changes, lock: lock}
+	x.log = undoLog{ID: newID(), State: statePrepared, Original: cfg.Lowers[0], Message: opt.Message}
+	if len(cs.Changes) == 0 {
+		return x, nil
+	}
+	if x.orig, err = openTree(cfg.Lowers[0]); err != nil {
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
+	if !opt.Force {
+		if cf := conflicts(x.orig, cs, bases(cfg, recs)); len(cf) > 0 {
+			x.closeTrees()
+			return nil, &Error{Stage: StagePrepare, Conflicts: cf, Err: ErrConflict}
+		}
+	}
+	if err := x.stage(cs); err != nil {
+		x.discardStage()
+		x.closeTrees()
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
+	x.fault("staged")
+	if err := writeUndoLog(work, &x.log); err != nil {
+		x.discardStage()
+		x.closeTrees()
+		return nil, &Error{Stage: StagePrepare, Err: fmt.Errorf("write undo log: %w", err)}
+	}
+	x.fault("prepared")
+	return x, nil
+}
+
+func journalPath(cfg layers.Config) string {
+	if cfg.Journal != "" {
+		return cfg.Journal
+	}
+	return filepath.Join(cfg.Work, "journal")
+}
+
+func newID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Changes is what the transaction applies.
+func (x *Txn) Changes() []layers.Change { return x.changes }
+
+// ID names the transaction.
+func (x *Txn) ID() string { return x.log.ID }
+
+func (x *Txn) fault(point string) {
+	if x.opt.Fault != nil {
+		x.opt.Fault(point)
+	}
+}
+
+func (x *Txn) close() {
+	if x.lock >= 0 {
+		unix.Close(x.lock)
+		x.lock = -1
+	}
+	if x.orig != nil {
+		x.orig.close()
+	}
+	if x.txn != nil {
+		x.txn.close()
+	}
+}
+
+// closeTrees closes the descriptors but keeps the lock (prepare's caller
+// releases it on error).
+func (x *Txn) closeTrees() {
+	lock := x.lock
+	x.lock = -1
+	x.close()
+	x.lock = lock
+}
+
+// txnDir picks the transaction directory: in the work directory when it
+// shares the original's filesystem (then upper objects move by link and
+// rename), else hidden in the original root.
+func (x *Txn) txnDir() (string, bool, error) {
+	var ws, os_ unix.Stat_t
+	if err := unix.Stat(x.work, &ws); err != nil {
+		return "", false, err
+	}
+	if err := unix.Stat(x.cfg.Lowers[0], &os_); err != nil {
+		return "", false, err
+	}
+	if ws.Dev == os_.Dev {
+		return filepath.Join(x.work, "txn-"+x.log.ID), true, nil
+	}
+	return filepath.Join(x.cfg.Lowers[0], ".sbxfs-txn-"+x.log.ID), false, nil
+}
+
+// stage plans the steps, makes the transaction directory and puts every
+// new object into it, durably.
+func (x *Txn) stage(cs layers.ChangeSet) error {
+	dir, sameFS, err := x.txnDir()
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	x.log.Txn = dir
+	for _, sub := range []string{"b", "s", "m"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			return err
+		}
+	}
+	if x.txn, err = openTree(dir); err != nil {
+		return err
+	}
+	r := newRenames(cs)
+	x.log.Steps = plan(cs)
+	for i := range x.log.Steps {
+		if err := x.fill(&x.log.Steps[i], r, sameFS); err != nil {
+			return err
+		}
+	}
+	return x.txn.syncfs()
+}
+
+// fill completes a planned step from the upper and the original: the
+// staged object of an install, the metadata of a meta step, the inode an
+// attach moves.
+func (x *Txn) fill(s *step, r renames, sameFS bool) error {
+	upper := filepath.Join(x.cfg.Upper, s.Path)
+	switch s.Kind {
+	case opInstall:
+		ino, strip, err := stageObject(upper, x.txn, s.Slot, sameFS)
+		s.Ino, s.Strip = ino, strip
+		return err
+	case opMkdir:
+		var st unix.Stat_t
+		if err := unix.Lstat(upper, &st); err != nil {
+			return err
+		}
+		s.Mode = st.Mode & 0o7777
+	case opAttach:
+		st, err := x.orig.lstat(r.original(s.Path))
+		if err != nil {
+			return fmt.Errorf("renamed directory %s: %w", s.Path, err)
+		}
+		s.Ino = st.Ino
+	case opMeta:
+		fd, err := unix.Open(upper, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		s.New, err = metaOf(fd)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		if old, err := x.orig.metaAt(r.original(s.Path)); err == nil {
+			s.Old = old
+		}
+	}
+	return nil
+}
+
+// discardStage removes the transaction directory of a commit that never
+// reached the original (nothing in it is the original's).
+func (x *Txn) discardStage() {
+	if x.log.Txn != "" {
+		restoreStripped(x.txn, x.log.Steps)
+		_ = os.RemoveAll(x.log.Txn)
+	}
+}
+
+// cleanStale removes transaction directories no undo log names: what a
+// crash left between staging and writing the undo log (links to upper
+// objects and copies only; nothing of the original's).
+func cleanStale(cfg layers.Config, keep string) {
+	for _, pat := range []string{
+		filepath.Join(cfg.Work, "txn-*"),
+		filepath.Join(cfg.Lowers[0], ".sbxfs-txn-*"),
+	} {
+		dirs, _ := filepath.Glob(pat)
+		for _, d := range dirs {
+			if d != keep {
+				_ = os.RemoveAll(d)
+			}
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package commit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// UndoLogName is the undo log's name in the sandbox work directory.
+const UndoLogName = "commit.json"
+
+// undoLogVersion is the version of the undo log this code writes.
+const undoLogVersion = 1
+
+// Transaction states recorded in the undo log.
+const (
+	statePrepared  = "prepared"  // staged; the original may be partly changed: undo
+	stateCommitted = "committed" // every change is in the original: finish
+)
+
+// opKind is the kind of one planned step.
+type opKind string
+
+const (
+	opDetach  opKind = "detach"  // move orig/Path to txn/Slot, if present
+	opAttach  opKind = "attach"  // move txn/Slot (a detached directory) to orig/Path
+	opInstall opKind = "install" // move the staged object txn/Slot to orig/Path
+	opMkdir   opKind = "mkdir"   // create the directory orig/Path
+	opMeta    opKind = "meta"    // set the metadata of orig/Path
+)
+
+// step is one planned change of the original. Paths are relative to the
+// original root; slots are relative to the transaction directory.
+type step struct {
+	Kind opKind `json:"kind"`
+	Path string `json:"path"`
+	Slot string `json:"slot,omitempty"`
+	Ino  uint64 `json:"ino,omitempty"` // the object the step moves (attach, install)
+	Mode uint32 `json:"mode,omitempty"`
+	// Strip holds the overlay attributes removed from a staged object that
+	// shares its inode with the upper; undo puts them back.
+	Strip map[string][]byte `json:"strip,omitempty"`
+	Old   *meta             `json:"old,omitempty"` // metadata before (meta)
+	New   *meta             `json:"new,omitempty"` // metadata after (meta)
+}
+
+// meta is the metadata a meta step sets or restores.
+type meta struct {
+	Mode   uint32            `json:"mode"`
+	Uid    uint32            `json:"uid"`
+	Gid    uint32            `json:"gid"`
+	Atime  int64             `json:"atime"`
+	Mtime  int64             `json:"mtime"`
+	Xattrs map[string][]byte `json:"xattrs,omitempty"`
+}
+
+// undoLog is the durable record of one transaction.
+type undoLog struct {
+	Version  int    `json:"version"`
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Original string `json:"original"`
+	Txn      string `json:"txn"` // the transaction directory, on the original's filesystem
+	Message  string `json:"message,omitempty"`
+	Steps    []step `json:"steps"`
+}
+
+// ErrUndoLog marks an undo log this code cannot trust.
+var ErrUndoLog = errors.New("bad undo log")
+
+func writeUndoLog(work string, l *undoLog) error {
+	l.Version = undoLogVersion
+	b, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(filepath.Join(work, UndoLogName), b, 0o600)
+}
+
+func readUndoLog(work string) (*undoLog, error) {
+	b, err := os.ReadFile(filepath.Join(work, UndoLogName))
+	if err != nil {
+		return nil, err
+	}
+	return decodeUndoLog(b)
+}
+
+// decodeUndoLog parses and validates an undo log: a known version and
+// state, absolute original and transaction paths, and step paths that stay
+// beneath their roots.
+func decodeUndoLog(b []byte) (*undoLog, error) {
+	var l undoLog
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUndoLog, err)
+	}
+	if l.Version != undoLogVersion {
+		return nil, fmt.Errorf("%w: version %d, this sbxfs reads %d", ErrUndoLog, l.Version, undoLogVersion)
+	}
+	if l.State != statePrepared && l.State != stateCommitted {
+		return nil, fmt.Errorf("%w: state %q", ErrUndoLog, l.State)
+	}
+	if !filepath.IsAbs(l.Original) || !filepath.IsAbs(l.Txn) {
+		return nil, fmt.Errorf("%w: original and transaction paths must be absolute", ErrUndoLog)
+	}
+	for i, s := range l.Steps {
+		switch s.Kind {
+		case opDetach, opAttach, opInstall, opMkdir, opMeta:
+		default:
+			return nil, fmt.Errorf("%w: step %d: kind %q", ErrUndoLog, i, s.Kind)
+		}
+		p, err := fsutil.CleanRel(s.Path)
+		if err != nil || p == "" || p != s.Path {
+			return nil, fmt.Errorf("%w: step %d: path %q", ErrUndoLog, i, s.Path)
+		}
+		if s.Slot != "" {
+			if q, err := fsutil.CleanRel(s.Slot); err != nil || q != s.Slot {
+				return nil, fmt.Errorf("%w: step %d: slot %q", ErrUndoLog, i, s.Slot)
+			}
+		}
+		if (s.Kind == opMeta) != (s.New != nil) {
+			return nil, fmt.Errorf("%w: step %d: metadata", ErrUndoLog, i)
+		}
+	}
+	return &l, nil
+}
+
+func removeUndoLog(work string) error {
+	err := os.Remove(filepath.Join(work, UndoLogName))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return fsutil.SyncDir(work)
+}
