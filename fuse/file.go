@@ -91,6 +91,7 @@ func (h *handle) Read(ctx context.Context, buf []byte, off int64) (gofuse.ReadRe
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	defer h.n.fs.enter()()
 	if !h.upper {
 		return 0, syscall.EBADF // lower handles are read-only
 	}
@@ -99,6 +100,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.n.fs.writers.remove(h)
 	h.mu.Lock()
 	fd := h.fd
 	h.fd = -1
@@ -130,6 +132,7 @@ func (h *handle) fsync(flags uint32) syscall.Errno {
 }
 
 func (h *handle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	defer h.n.fs.enter()()
 	if !h.upper {
 		return syscall.EBADF
 	}

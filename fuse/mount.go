@@ -11,6 +11,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -47,10 +48,12 @@ const DefaultTimeout = time.Second
 
 // Server is a mounted sandbox.
 type Server struct {
-	srv    *gofuse.Server
-	fs     *filesystem
-	layers *layers.Layers
-	mnt    string
+	freezeMu   sync.Mutex // serialises Freeze, Thaw and Reset
+	invalidate bool       // a Reset left kernel caches to drop at Thaw
+	srv        *gofuse.Server
+	fs         *filesystem
+	layers     *layers.Layers
+	mnt        string
 }
 
 // ErrMount wraps every failure to mount.

@@ -20,6 +20,8 @@ type filesystem struct {
 	log         *slog.Logger
 	passthrough bool
 	root        *node
+	gate        gate
+	writers     writers
 
 	stop chan struct{}
 	done chan struct{}
@@ -176,6 +178,7 @@ func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.Att
 var _ = (fusefs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	defer n.fs.enter()()
 	fd := -1
 	if h, ok := f.(fileHandle); ok && h.h().upper {
 		fd = h.h().fd

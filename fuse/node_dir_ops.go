@@ -23,6 +23,7 @@ func (n *node) dirArgs() (string, layers.Obj, syscall.Errno) {
 var _ = (fusefs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	defer n.fs.enter()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, errno
@@ -37,6 +38,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 var _ = (fusefs.NodeMknoder)((*node)(nil))
 
 func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	defer n.fs.enter()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, errno
@@ -51,6 +53,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *go
 var _ = (fusefs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	defer n.fs.enter()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, errno
@@ -65,6 +68,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 var _ = (fusefs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	defer n.fs.enter()()
 	t, ok := target.(*node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -89,6 +93,7 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 var _ = (fusefs.NodeUnlinker)((*node)(nil))
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	defer n.fs.enter()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return errno
@@ -99,6 +104,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (fusefs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	defer n.fs.enter()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return errno
@@ -109,6 +115,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (fusefs.NodeRenamer)((*node)(nil))
 
 func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	defer n.fs.enter()()
 	np, ok := newParent.(*node)
 	if !ok {
 		return syscall.EXDEV

@@ -7,6 +7,8 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 var _ = (fusefs.NodeOpener)((*node)(nil))
@@ -16,6 +18,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	if !ok {
 		return nil, 0, syscall.ENOENT
 	}
+	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
+	if write {
+		defer n.fs.enter()()
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	fd, upper, err := n.fs.layers.Open(rel, &n.obj, int(flags), caller(ctx))
@@ -23,12 +29,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 		return nil, 0, n.fs.toErrno("open", err)
 	}
 	fh, fuseFlags := n.newHandleLocked(fd, upper)
+	if write {
+		n.fs.writers.add(fh.(fileHandle).h(), rel)
+	}
 	return fh, fuseFlags, 0
 }
 
 var _ = (fusefs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+	defer n.fs.enter()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, nil, 0, errno
@@ -46,6 +56,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	child.mu.Lock()
 	defer child.mu.Unlock()
 	fh, fuseFlags := child.newHandleLocked(fd, true)
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		n.fs.writers.add(fh.(fileHandle).h(), layers.Join(rel, name))
+	}
 	return ino, fh, fuseFlags, 0
 }
 

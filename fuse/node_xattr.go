@@ -50,6 +50,7 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 var _ = (fusefs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	defer n.fs.enter()()
 	rel, ok := n.rel()
 	if !ok {
 		return syscall.ENOENT
@@ -62,6 +63,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 var _ = (fusefs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	defer n.fs.enter()()
 	rel, ok := n.rel()
 	if !ok {
 		return syscall.ENOENT

@@ -56,7 +56,7 @@ func (l *Layers) noteBase(o Origin, st *unix.Stat_t) error {
 	if _, seen := l.bases.LoadOrStore(o.Path, true); seen {
 		return nil
 	}
-	return l.journal.Append(Record{Op: OpBase, Path: o.Path, Path2: SignatureOf(st).String(), Time: now()})
+	return l.Journal().Append(Record{Op: OpBase, Path: o.Path, Path2: SignatureOf(st).String(), Time: now()})
 }
 
 // Bases returns the first recorded signature of every original path the

@@ -56,7 +56,7 @@ func Changes(cfg Config) (ChangeSet, error) {
 
 // Changes computes the change set of this stack (see the function Changes).
 func (l *Layers) Changes() (ChangeSet, error) {
-	return l.changes(l.journal.Records())
+	return l.changes(l.Journal().Records())
 }
 
 // touched replays the journal's namespace operations: which paths were

@@ -72,7 +72,7 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 	if err := unix.Lstat(spath, &st); err != nil {
 		return err
 	}
-	if l.journal != nil {
+	if l.Journal() != nil {
 		if err := l.noteBase(src, &st); err != nil {
 			return err
 		}

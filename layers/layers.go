@@ -84,6 +84,7 @@ type Layers struct {
 	devMu  sync.Mutex
 	devIdx map[uint64]uint64
 
+	jmu     sync.RWMutex // guards journal, which Reset replaces
 	journal *Journal
 	bases   sync.Map // original paths whose base signature is recorded
 }
@@ -210,18 +211,23 @@ func (cfg *Config) validate() error {
 
 // Close flushes and closes the journal.
 func (l *Layers) Close() error {
-	if err := l.journal.Sync(); err != nil {
-		l.journal.Close()
+	j := l.Journal()
+	if err := j.Sync(); err != nil {
+		j.Close()
 		return err
 	}
-	return l.journal.Close()
+	return j.Close()
 }
 
 // Journal returns the change journal of this stack.
-func (l *Layers) Journal() *Journal { return l.journal }
+func (l *Layers) Journal() *Journal {
+	l.jmu.RLock()
+	defer l.jmu.RUnlock()
+	return l.journal
+}
 
 // Sync makes every journal record appended so far durable.
-func (l *Layers) Sync() error { return l.journal.Sync() }
+func (l *Layers) Sync() error { return l.Journal().Sync() }
 
 // UpperPath returns the real path of rel in the upper layer.
 func (l *Layers) UpperPath(rel string) string { return join(l.upper, rel) }
@@ -266,5 +272,5 @@ func (l *Layers) stableIno(dev, ino uint64) uint64 {
 }
 
 func (l *Layers) record(op Op, path, path2 string, flags uint32, c Caller) error {
-	return l.journal.Append(Record{Op: op, Path: path, Path2: path2, Flags: flags, Pid: c.Pid, Time: now()})
+	return l.Journal().Append(Record{Op: op, Path: path, Path2: path2, Flags: flags, Pid: c.Pid, Time: now()})
 }

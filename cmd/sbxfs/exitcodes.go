@@ -23,13 +23,15 @@ import (
 //	      server did not come up
 //	6     not an sbxfs mount or sandbox directory
 const (
-	exitOK          = 0
-	exitInternal    = 1
-	exitUsage       = 2
-	exitBadPath     = 3
-	exitBusy        = 4
-	exitMountFailed = 5
-	exitNotSbxfs    = 6
+	exitOK           = 0
+	exitInternal     = 1
+	exitUsage        = 2
+	exitBadPath      = 3
+	exitBusy         = 4
+	exitMountFailed  = 5
+	exitNotSbxfs     = 6
+	exitConflict     = 7 // commit refused: the original changed underneath the sandbox
+	exitCommitFailed = 8 // commit failed; see the message for what was undone
 )
 
 // exitError is an error that carries the exit code main must use. Its

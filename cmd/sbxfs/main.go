@@ -88,7 +88,8 @@ already mounted, 5 mount failed, 6 not an sbxfs mount or sandbox.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Usage: "keep new sandboxes under `DIR`"},
 		},
-		Commands:       []*cli.Command{mountCommand(), unmountCommand(), statusCommand()},
+		Commands: []*cli.Command{mountCommand(), unmountCommand(), statusCommand(),
+			commitCommand(), rollbackCommand(), recoverCommand()},
 		Action:         rootAction,
 		OnUsageError:   onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {}, // main reports errors

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sbxfs/sbxfs/fuse"
 	"github.com/sbxfs/sbxfs/layers"
+	"github.com/sbxfs/sbxfs/manager"
 )
 
 // mountSpec is a checked mount request, ready to serve.
@@ -80,6 +81,13 @@ func serve(spec *mountSpec, stdout io.Writer) error {
 		return mountFailure(err, &spec.cfg)
 	}
 	spec.live = true
+	ctl, err := manager.ServeControl(work, srv)
+	if err != nil {
+		_ = srv.Unmount()
+		_ = srv.Wait()
+		return fmt.Errorf("serve the control socket: %w", err)
+	}
+	defer ctl.Close()
 	logger.Info("mounted", "mountpoint", spec.cfg.Mountpoint, "lowers", spec.cfg.Layers.Lowers,
 		"upper", spec.cfg.Layers.Upper, "pid", os.Getpid())
 	if spec.announce != "" {

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/layers"
+	"github.com/sbxfs/sbxfs/manager"
+)
+
+func commitCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "commit",
+		Usage:     "apply the sandbox's changes to its original, atomically",
+		ArgsUsage: "MOUNTPOINT|DIR",
+		Description: `Applies every change of the sandbox to the original: all of them or, on any
+failure, none. A path the original changed after the sandbox first changed
+it is a conflict: nothing is applied (--force applies anyway). While the
+commit runs the mount accepts no changes; files still open for writing make
+it fail (busy), or wait with --wait. Afterwards the sandbox is unmounted and
+removed; with --keep it stays mounted over the updated original, empty.`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`, kept in the commit record (and the git commit with --git)"},
+			&cli.BoolFlag{Name: "keep", Usage: "stay mounted over the updated original, with an empty sandbox"},
+			&cli.BoolFlag{Name: "force", Usage: "apply despite conflicts"},
+			&cli.DurationFlag{Name: "wait", Usage: "wait up to `DURATION` for files open for writing to close"},
+			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+		},
+		Action: runCommit,
+	}
+}
+
+// commitRecord is kept in the work directory after a commit with --keep,
+// and printed by --json.
+type commitRecord struct {
+	ID      string          `json:"id"`
+	Message string          `json:"message,omitempty"`
+	Time    time.Time       `json:"time"`
+	Changes []layers.Change `json:"changes"`
+}
+
+const commitRecordName = "last-commit.json"
+
+func runCommit(c *cli.Context) error {
+	args := c.Args().Slice()
+	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
+		return err
+	}
+	sb, err := openSandbox(args[0], c.App.ErrWriter)
+	if err != nil {
+		return err
+	}
+	ctl, err := sb.control()
+	if err != nil {
+		return err
+	}
+	if ctl != nil {
+		defer ctl.Close() // thaws the mount if anything below fails
+	}
+	if err := freeze(ctl, c.Duration("wait")); err != nil {
+		return err
+	}
+	x, err := commit.Prepare(sb.cfg, commit.Options{Message: c.String("message"), Force: c.Bool("force")})
+	if err != nil {
+		return commitFailure(err)
+	}
+	if err := commit.Commit(x); err != nil {
+		return commitFailure(err)
+	}
+	rec := commitRecord{ID: x.ID(), Message: c.String("message"), Time: time.Now().UTC(), Changes: x.Changes()}
+	if rec.Changes == nil {
+		rec.Changes = []layers.Change{}
+	}
+	if err := finishCommit(c, sb, ctl, &rec); err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return json.NewEncoder(c.App.Writer).Encode(rec)
+	}
+	fmt.Fprintf(c.App.Writer, "committed %d changes to %s\n", len(rec.Changes), sb.meta.Lowers[0])
+	return nil
+}
+
+// finishCommit ends the sandbox after its commit: reset and kept, or
+// unmounted and removed. A mount that is busy stays up, reset, with a
+// warning: the commit itself is done.
+func finishCommit(c *cli.Context, sb *sandbox, ctl *manager.Control, rec *commitRecord) error {
+	keep := c.Bool("keep")
+	if !keep && sb.end(ctl) != nil {
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but %s is busy: it stays mounted over the updated original with an empty sandbox; unmount it when done\n", sb.mount.Mountpoint)
+		keep = true
+	}
+	if !keep {
+		return sb.discard()
+	}
+	if ctl != nil && sb.mount != nil {
+		if err := ctl.Reset(); err != nil {
+			return fmt.Errorf("committed, but resetting the mount failed: %w; unmount and remount it", err)
+		}
+	} else if err := sb.resetOnDisk(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(filepath.Join(sb.work, commitRecordName), b, 0o600)
+}
+
+// commitFailure gives a commit error its exit code and a hint.
+func commitFailure(err error) error {
+	var ce *commit.Error
+	switch {
+	case errors.Is(err, commit.ErrConflict):
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; resolve the conflicts or use --force", err)}
+	case errors.Is(err, commit.ErrBusy):
+		return &exitError{code: exitBusy, err: err}
+	case errors.As(err, &ce) && ce.Kept != "":
+		return &exitError{code: exitCommitFailed, err: fmt.Errorf("%w\nsome changes could not be undone: the backups are in %s", err, ce.Kept)}
+	case errors.As(err, &ce):
+		return &exitError{code: exitCommitFailed, err: err}
+	}
+	return err
+}

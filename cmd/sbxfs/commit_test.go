@@ -1,0 +1,66 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCommitKeepRollbackCycle drives the whole cycle as a user types it:
+// work in the mount, a commit refused while a file is open for writing,
+// a commit that keeps the mount, more work rolled back, a conflict, and a
+// final commit that unmounts and removes the sandbox.
+func TestCommitKeepRollbackCycle(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("v2\n"), 0o644))
+	require.NoError(t, os.Mkdir(filepath.Join(f.mnt, "sub", "new"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "sub", "new", "f"), []byte("f\n"), 0o600))
+
+	open, err := os.OpenFile(filepath.Join(f.mnt, "a.txt"), os.O_WRONLY, 0)
+	require.NoError(t, err)
+	r = runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitBusy, "a.txt")
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
+	require.NoError(t, open.Close())
+
+	r = runBin(t, bin, "commit", "--keep", "-m", "first", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "v2\n")
+	assertFile(t, filepath.Join(f.orig, "sub", "new", "f"), "f\n")
+	assert.True(t, isMounted(t, f.mnt), "--keep stays mounted")
+	assert.Empty(t, statusOf(t, f.mnt).Changes, "the kept sandbox is empty")
+	assertFile(t, filepath.Join(f.mnt, "a.txt"), "v2\n")
+
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("discard me\n"), 0o644))
+	r = runBin(t, bin, "rollback", "--keep", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(f.mnt, "a.txt"), "v2\n")
+
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("mine\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "a.txt"), []byte("theirs\n"), 0o644))
+	r = runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitConflict, "a.txt")
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "theirs\n")
+
+	r = runBin(t, bin, "commit", "--force", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "mine\n")
+	assert.False(t, isMounted(t, f.mnt), "commit unmounts")
+	assert.NoDirExists(t, f.dir, "commit removes the sandbox")
+}
+
+func assertFile(t *testing.T, path, want string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, want, string(b), path)
+}

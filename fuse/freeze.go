@@ -1,0 +1,181 @@
+package fuse
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// gate lets a commit stop every change to the sandbox: mutating
+// operations hold it shared; Freeze holds it exclusively.
+type gate struct {
+	mu     sync.RWMutex
+	frozen bool // guarded by Server.freezeMu
+}
+
+// enter is called at the start of every mutating operation; the returned
+// function ends it.
+func (fs *filesystem) enter() func() {
+	fs.gate.mu.RLock()
+	return fs.gate.mu.RUnlock
+}
+
+// writers are the handles open for writing. Writes through passthrough and
+// shared mmaps never reach sbxfs, so a commit waits for them to close.
+type writers struct {
+	mu sync.Mutex
+	m  map[*handle]string
+}
+
+func (w *writers) add(h *handle, rel string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[*handle]string{}
+	}
+	w.m[h] = rel
+}
+
+func (w *writers) remove(h *handle) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.m, h)
+}
+
+func (w *writers) paths() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range w.m {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// BusyError says files are still open for writing in a sandbox.
+type BusyError struct{ Paths []string }
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("files are open for writing in the sandbox: %s", strings.Join(e.Paths, ", "))
+}
+
+// ErrNotFrozen is returned by Reset on a mount that is not frozen.
+var ErrNotFrozen = errors.New("the sandbox is not frozen")
+
+// Freeze stops every change to the sandbox: operations that would change
+// it wait until Thaw. Files still open for writing make it fail with a
+// *BusyError naming them, after waiting up to wait for them to close.
+func (s *Server) Freeze(wait time.Duration) error {
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
+	if s.fs.gate.frozen {
+		return nil
+	}
+	s.fs.gate.mu.Lock()
+	deadline := time.Now().Add(wait)
+	for {
+		busy := s.fs.writers.paths()
+		if len(busy) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.fs.gate.mu.Unlock()
+			return &BusyError{Paths: busy}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.fs.gate.frozen = true
+	return s.layers.Sync()
+}
+
+// Thaw lets changes through again, then drops the kernel's cached entries
+// and pages if a Reset made them stale (not before: an operation waiting
+// at the gate may hold a directory lock the invalidation needs).
+func (s *Server) Thaw() {
+	s.freezeMu.Lock()
+	inval := s.invalidate
+	s.invalidate = false
+	if s.fs.gate.frozen {
+		s.fs.gate.frozen = false
+		s.fs.gate.mu.Unlock()
+	}
+	s.freezeMu.Unlock()
+	if inval {
+		invalidate(s.fs.root)
+	}
+}
+
+// Reset discards the sandbox's changes while it stays mounted (after a
+// commit or rollback with --keep): the upper and the journal start empty,
+// every known node is looked up again and the kernel's caches are dropped.
+// The mount must be frozen; it stays frozen.
+func (s *Server) Reset() error {
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
+	if !s.fs.gate.frozen {
+		return ErrNotFrozen
+	}
+	if err := s.layers.Reset(); err != nil {
+		return err
+	}
+	root, err := s.layers.Root()
+	if err != nil {
+		return err
+	}
+	s.fs.root.mu.Lock()
+	s.fs.root.obj = root.Obj
+	s.fs.root.mu.Unlock()
+	s.refresh(s.fs.root, "", root.Obj)
+	s.invalidate = true
+	return nil
+}
+
+// refresh gives every known child of n its state in the reset overlay.
+func (s *Server) refresh(n *node, rel string, obj layers.Obj) {
+	for name, ch := range n.Children() {
+		cn, ok := ch.Operations().(*node)
+		if !ok {
+			continue
+		}
+		crel := layers.Join(rel, name)
+		e, err := s.layers.Lookup(rel, obj, name)
+		cn.mu.Lock()
+		if err == nil {
+			cn.obj = e.Obj
+		} else {
+			cn.obj = layers.Obj{}
+		}
+		cn.mu.Unlock()
+		if err == nil && e.IsDir() {
+			s.refresh(cn, crel, e.Obj)
+		}
+	}
+}
+
+// invalidate drops the kernel's cached entries below n and the pages of
+// the files it knows.
+func invalidate(n *node) {
+	for name, ch := range n.Children() {
+		if cn, ok := ch.Operations().(*node); ok && ch.IsDir() {
+			invalidate(cn)
+		}
+		_ = n.NotifyEntry(name)
+		if !ch.IsDir() {
+			_ = ch.NotifyContent(0, 0)
+		}
+	}
+}
+
+var _ = fusefs.InodeEmbedder((*node)(nil))

@@ -1,0 +1,39 @@
+package layers
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Reset discards every change of the sandbox: the upper layer is emptied
+// and the journal starts anew. The caller makes sure no operation runs
+// meanwhile (the mount is frozen). Used after a commit or rollback that
+// keeps the sandbox mounted.
+func (l *Layers) Reset() error {
+	ents, err := os.ReadDir(l.upper)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(l.upper, e.Name())); err != nil {
+			return fmt.Errorf("empty the upper: %w", err)
+		}
+	}
+	l.jmu.Lock()
+	defer l.jmu.Unlock()
+	path := l.journal.path
+	if err := l.journal.Close(); err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	j, err := OpenJournal(path)
+	if err != nil {
+		return err
+	}
+	l.journal = j
+	l.bases.Clear()
+	return nil
+}
