@@ -22,6 +22,10 @@ import (
 //	5     mount failed: the kernel or fusermount3 refused the mount, or the
 //	      server did not come up
 //	6     not an sbxfs mount or sandbox directory
+//	7     commit refused: the original changed underneath the sandbox
+//	      (conflicts are listed; nothing was applied)
+//	8     commit failed; the message says what was undone, and where the
+//	      backups are kept when something could not be
 const (
 	exitOK           = 0
 	exitInternal     = 1
@@ -30,8 +34,8 @@ const (
 	exitBusy         = 4
 	exitMountFailed  = 5
 	exitNotSbxfs     = 6
-	exitConflict     = 7 // commit refused: the original changed underneath the sandbox
-	exitCommitFailed = 8 // commit failed; see the message for what was undone
+	exitConflict     = 7
+	exitCommitFailed = 8
 )
 
 // exitError is an error that carries the exit code main must use. Its

@@ -68,7 +68,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		UsageText: "sbxfs [--state-dir DIR] COMMAND [OPTIONS] ARGS...\n" + helperUsage,
 		Description: `sbxfs mount shows ORIGINAL at MOUNTPOINT; everything written there lands in
 the sandbox directory and ORIGINAL is never changed. 'sbxfs status' lists
-the changes, 'sbxfs unmount' ends the mount (the changes stay).
+the changes, 'sbxfs commit' applies them to ORIGINAL atomically, 'sbxfs
+rollback' discards them, 'sbxfs unmount' ends the mount (the changes stay).
 
 Mount helper form: with /sbin/mount.fuse.sbxfs linked to sbxfs
 (scripts/install.sh), mount(8) and /etc/fstab mount sandboxes as
@@ -83,7 +84,8 @@ $SBXFS_STATE_DIR, else /var/lib/sbxfs for root, else
 $XDG_STATE_HOME/sbxfs or ~/.local/state/sbxfs.
 
 Exit codes: 0 ok, 1 internal error, 2 usage, 3 bad path, 4 busy or
-already mounted, 5 mount failed, 6 not an sbxfs mount or sandbox.`,
+already mounted, 5 mount failed, 6 not an sbxfs mount or sandbox,
+7 commit refused by conflicts, 8 commit failed.`,
 		Version: buildVersion(),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Usage: "keep new sandboxes under `DIR`"},
