@@ -1,0 +1,84 @@
+package commit
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// An immutable directory in the original makes the apply fail half-way:
+// what was applied is undone, the error says so, and after the cause is
+// fixed the same sandbox commits.
+func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chattr +i needs root")
+	}
+	s := newSandbox(t, map[string]string{"a/f": "a", "z/g": "z"})
+	s.write("a/f", "changed")
+	s.write("z/new", "new")
+	s.done()
+	old := snapshot(t, s.orig)
+	locked := filepath.Join(s.orig, "z")
+	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
+		t.Skipf("chattr +i is not supported here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", locked).Run() })
+
+	err := commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, StageApply, ce.Stage)
+	assert.True(t, ce.RolledBack, "the error says the original is unchanged")
+	assert.ErrorIs(t, err, unix.EPERM)
+	assert.Equal(t, old, snapshot(t, s.orig))
+
+	require.NoError(t, exec.Command("chattr", "-i", locked).Run())
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// An original on a full filesystem (the upper elsewhere, so new content
+// is copied): the commit fails with ENOSPC before touching the original,
+// and leaves nothing behind.
+func TestENOSPCLeavesOriginalUnchanged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	small := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", small, "tmpfs", 0, "size=512k"))
+	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
+	orig := filepath.Join(small, "orig")
+	require.NoError(t, os.MkdirAll(filepath.Join(orig, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(orig, "d", "keep"), []byte("keep"), 0o644))
+
+	dir := t.TempDir()
+	cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{orig}}
+	require.NoError(t, os.Mkdir(cfg.Upper, 0o700))
+	require.NoError(t, os.Mkdir(cfg.Work, 0o700))
+	s := &sandbox{t: t, cfg: cfg, orig: orig, ref: t.TempDir()}
+	require.NoError(t, os.MkdirAll(filepath.Join(s.ref, "d"), 0o755))
+	s.open()
+	s.write("d/keep", "changed")
+	s.write("big", string(bytes.Repeat([]byte("x"), 2<<20)))
+	s.done()
+	old := snapshot(t, orig)
+
+	err := commitAll(t, cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorIs(t, err, unix.ENOSPC)
+	assert.Equal(t, StagePrepare, ce.Stage, "nothing was applied")
+	assert.Equal(t, old, snapshot(t, orig), "the original is unchanged")
+	leftovers, _ := filepath.Glob(filepath.Join(orig, ".sbxfs-txn-*"))
+	assert.Empty(t, leftovers, "the staging area is cleaned up")
+	_, err = os.Stat(filepath.Join(cfg.Work, UndoLogName))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}
