@@ -44,7 +44,7 @@ type Config struct {
 // DefaultTimeout is the default lifetime of the kernel's caches. sbxfs is
 // the only writer of the upper layer, so only changes made to the original
 // behind the sandbox's back can be seen late, by at most this much.
-const DefaultTimeout = time.Second
+const DefaultTimeout = 30 * time.Second
 
 // Server is a mounted sandbox.
 type Server struct {
