@@ -292,7 +292,8 @@ func sameContent(a, b string, sa, sb int64) (bool, error) {
 		return false, err
 	}
 	defer fb.Close()
-	ba, bb := make([]byte, 256<<10), make([]byte, 256<<10)
+	n := min(sa+1, 256<<10) // small files are the common case
+	ba, bb := make([]byte, n), make([]byte, n)
 	for {
 		na, ea := io.ReadFull(fa, ba)
 		nb, eb := io.ReadFull(fb, bb)
