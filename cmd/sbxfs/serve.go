@@ -76,6 +76,13 @@ func serve(spec *mountSpec, stdout io.Writer) error {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	spec.cfg.Logger = logger
+	// Catch signals before mounting: a SIGTERM that killed this process
+	// while go-fuse polls its own new mount would leave a thread waiting
+	// on a server that can no longer answer, and the process could never
+	// finish exiting.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	srv, err := fuse.Mount(spec.cfg)
 	if err != nil {
 		return mountFailure(err, &spec.cfg)
@@ -94,15 +101,12 @@ func serve(spec *mountSpec, stdout io.Writer) error {
 		fmt.Fprintln(stdout, spec.announce)
 	}
 	ready.ok()
-	return waitServer(srv, logger)
+	return waitServer(srv, logger, sigs)
 }
 
 // waitServer waits until the mount goes away; a signal unmounts it, lazily
 // when files are still open.
-func waitServer(srv *fuse.Server, logger *slog.Logger) error {
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+func waitServer(srv *fuse.Server, logger *slog.Logger, sigs <-chan os.Signal) error {
 	done := make(chan error, 1)
 	go func() { done <- srv.Wait() }()
 	for {
