@@ -31,6 +31,7 @@ removed; with --keep it stays mounted over the updated original, empty.`,
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted over the updated original, with an empty sandbox"},
 			&cli.BoolFlag{Name: "force", Usage: "apply despite conflicts"},
 			&cli.DurationFlag{Name: "wait", Usage: "wait up to `DURATION` for files open for writing to close"},
+			&cli.BoolFlag{Name: "git", Usage: "also make a git commit (message from -m) of exactly the committed paths, when the original is a git work tree"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
 		Action: runCommit,
@@ -40,10 +41,11 @@ removed; with --keep it stays mounted over the updated original, empty.`,
 // commitRecord is kept in the work directory after a commit with --keep,
 // and printed by --json.
 type commitRecord struct {
-	ID      string          `json:"id"`
-	Message string          `json:"message,omitempty"`
-	Time    time.Time       `json:"time"`
-	Changes []layers.Change `json:"changes"`
+	ID        string          `json:"id"`
+	Message   string          `json:"message,omitempty"`
+	GitCommit string          `json:"git_commit,omitempty"`
+	Time      time.Time       `json:"time"`
+	Changes   []layers.Change `json:"changes"`
 }
 
 const commitRecordName = "last-commit.json"
@@ -56,6 +58,14 @@ func runCommit(c *cli.Context) error {
 	sb, err := openSandbox(args[0], c.App.ErrWriter)
 	if err != nil {
 		return err
+	}
+	if c.Bool("git") {
+		if c.String("message") == "" {
+			return failf(exitUsage, "--git needs a commit message: give -m MSG")
+		}
+		if err := commit.CheckGitWorkTree(sb.meta.Lowers[0]); err != nil {
+			return failf(exitBadPath, "--git: %v; nothing was committed", err)
+		}
 	}
 	ctl, err := sb.control()
 	if err != nil {
@@ -77,6 +87,14 @@ func runCommit(c *cli.Context) error {
 	rec := commitRecord{ID: x.ID(), Message: c.String("message"), Time: time.Now().UTC(), Changes: x.Changes()}
 	if rec.Changes == nil {
 		rec.Changes = []layers.Change{}
+	}
+	if c.Bool("git") && len(rec.Changes) > 0 {
+		h, err := commit.GitCommit(sb.meta.Lowers[0], commit.GitPaths(rec.Changes), commit.GitCommitOptions{Message: rec.Message})
+		if err != nil {
+			defer func() { _ = finishCommit(c, sb, ctl, &rec) }()
+			return failf(exitCommitFailed, "the changes are committed to %s, but the git commit failed: %v; commit them with git", sb.meta.Lowers[0], err)
+		}
+		rec.GitCommit = h
 	}
 	if err := finishCommit(c, sb, ctl, &rec); err != nil {
 		return err

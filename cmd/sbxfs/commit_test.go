@@ -2,7 +2,9 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -63,4 +65,39 @@ func assertFile(t *testing.T, path, want string) {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, want, string(b), path)
+}
+
+// TestCommitGit commits a sandbox over a git work tree with --git: the git
+// commit holds exactly the sandbox's paths and the message; an unrelated
+// dirty file stays dirty and uncommitted.
+func TestCommitGit(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	git := func(args ...string) string {
+		cmd := exec.Command("git", append([]string{"-C", f.orig}, args...)...)
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "git %v: %s", args, out)
+		return strings.TrimSpace(string(out))
+	}
+	git("init", "-q")
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "unrelated.txt"), []byte("u\n"), 0o644))
+	git("add", "-A")
+	git("commit", "-q", "-m", "base")
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "unrelated.txt"), []byte("dirty\n"), 0o644))
+
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("via sbxfs\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "sub", "n.txt"), []byte("n\n"), 0o644))
+
+	r = runBin(t, bin, "commit", "--git", f.mnt)
+	assertFailure(t, r, exitUsage, "-m")
+	r = runBin(t, bin, "commit", "--git", "-m", "from the sandbox", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, "from the sandbox", git("log", "-1", "--format=%s"))
+	assert.Equal(t, "a.txt\nsub/n.txt", git("show", "--name-only", "--format=", "HEAD"))
+	assert.Equal(t, "M unrelated.txt", git("status", "--porcelain"), "the unrelated dirty file is left alone")
 }

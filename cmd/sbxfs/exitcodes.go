@@ -26,6 +26,8 @@ import (
 //	      (conflicts are listed; nothing was applied)
 //	8     commit failed; the message says what was undone, and where the
 //	      backups are kept when something could not be
+//	9     'sbxfs diff --exit-code': the sandbox has changes (git uses 1,
+//	      which here already means an internal error)
 const (
 	exitOK           = 0
 	exitInternal     = 1
@@ -36,6 +38,7 @@ const (
 	exitNotSbxfs     = 6
 	exitConflict     = 7
 	exitCommitFailed = 8
+	exitChanges      = 9
 )
 
 // exitError is an error that carries the exit code main must use. Its

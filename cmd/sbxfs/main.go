@@ -91,7 +91,7 @@ already mounted, 5 mount failed, 6 not an sbxfs mount or sandbox,
 			&cli.StringFlag{Name: "state-dir", Usage: "keep new sandboxes under `DIR`"},
 		},
 		Commands: []*cli.Command{mountCommand(), unmountCommand(), statusCommand(),
-			commitCommand(), rollbackCommand(), recoverCommand()},
+			commitCommand(), rollbackCommand(), recoverCommand(), diffCommand()},
 		Action:         rootAction,
 		OnUsageError:   onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {}, // main reports errors

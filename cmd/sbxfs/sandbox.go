@@ -71,11 +71,19 @@ func (sb *sandbox) end(ctl *manager.Control) error {
 	if sb.mount == nil {
 		return nil
 	}
+	// A file closed just before may still hold the mount for a moment
+	// (the kernel releases FUSE files asynchronously): retry briefly.
 	var err error
-	if ctl != nil {
-		err = ctl.Unmount()
-	} else {
-		err = unmount(sb.mount.Mountpoint, false)
+	for delay := 20 * time.Millisecond; ; delay *= 2 {
+		if ctl != nil {
+			err = ctl.Unmount()
+		} else {
+			err = unmount(sb.mount.Mountpoint, false)
+		}
+		if err == nil || delay > time.Second {
+			break
+		}
+		time.Sleep(delay)
 	}
 	if err != nil {
 		return err

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+func diffCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "diff",
+		Usage:     "show the changes of a sandbox as a patch",
+		ArgsUsage: "MOUNTPOINT|DIR",
+		Description: `Prints the changes of the sandbox as a git-style unified patch against
+its original: diff --git headers, new/deleted file mode, old/new mode,
+rename from/to, "Binary files ... differ", hunks with -U N lines of
+context (default 3). A symlink's content is its target. Where git has
+no form the patch says it in words: "new directory P" and "deleted
+directory P" for a directory no other change lies beneath, "metadata
+changed P" for an owner, time or xattr change. Modes are the real
+file modes (100640 stays 100640).
+
+--stat prints git diff --stat lines and a summary; --name-status prints
+A/M/D/T/m PATH and R FROM PATH lines (m: metadata only, T: type change);
+--json prints per change the paths, kind, types, modes, sizes, symlink
+targets, binary flag and added/deleted line counts. The sandbox is named
+as for 'sbxfs status'. Only the changed paths are read.
+
+The exit code is 0 whether or not there are changes; with --exit-code
+it is 9 when there are changes (git uses 1, which sbxfs uses for internal errors).`,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "stat", Usage: "print a diffstat"},
+			&cli.BoolFlag{Name: "name-status", Usage: "print one status letter and path per change"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+			&cli.IntFlag{Name: "unified", Aliases: []string{"U"}, Value: 3, Usage: "`N` lines of context"},
+			&cli.BoolFlag{Name: "exit-code", Usage: "exit with 9 when there are changes"},
+		},
+		OnUsageError: onUsageError,
+		Action:       runDiff,
+	}
+}
+
+// diffJSON is the --json output.
+type diffJSON struct {
+	Original string            `json:"original"`
+	Upper    string            `json:"upper"`
+	Work     string            `json:"work"`
+	Changes  []commit.FileDiff `json:"changes"`
+}
+
+func runDiff(c *cli.Context) error {
+	args := c.Args().Slice()
+	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
+		return err
+	}
+	forms := 0
+	for _, f := range []string{"stat", "name-status", "json"} {
+		if c.Bool(f) {
+			forms++
+		}
+	}
+	if forms > 1 {
+		return failf(exitUsage, "--stat, --name-status and --json exclude one another; give one")
+	}
+	if c.Int("unified") < 0 {
+		return failf(exitUsage, "-U %d: the context must be 0 or more lines", c.Int("unified"))
+	}
+	mounts, err := readMountinfo()
+	if err != nil {
+		return err
+	}
+	work, err := findSandbox(mounts, args[0])
+	if err != nil {
+		return err
+	}
+	m, err := layers.ReadMeta(work)
+	if err != nil {
+		return failf(exitNotSbxfs, "%v; is %s an sbxfs sandbox?", err, args[0])
+	}
+	cfg := m.Config(work)
+	cs, err := layers.Changes(cfg)
+	if err != nil {
+		return fmt.Errorf("compute the changes of %s: %w", work, err)
+	}
+	if err := printDiff(c, cfg, cs); err != nil {
+		return fmt.Errorf("diff of %s: %w", work, err)
+	}
+	if c.Bool("exit-code") && len(cs.Changes) > 0 {
+		return failf(exitChanges, "the sandbox has %d change(s) (--exit-code)", len(cs.Changes))
+	}
+	return nil
+}
+
+func printDiff(c *cli.Context, cfg layers.Config, cs layers.ChangeSet) error {
+	w := c.App.Writer
+	switch {
+	case c.Bool("stat"):
+		return commit.DiffStat(w, cfg, cs)
+	case c.Bool("name-status"):
+		return commit.NameStatusWithTypes(w, cfg, cs)
+	case c.Bool("json"):
+		files, err := commit.DiffJSON(cfg, cs)
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(diffJSON{Original: cfg.Lowers[0], Upper: cfg.Upper, Work: cfg.Work, Changes: files})
+	}
+	context := c.Int("unified")
+	if context == 0 {
+		context = -1 // DiffOptions: 0 is the default, negative is none
+	}
+	return commit.Diff(w, cfg, cs, commit.DiffOptions{Context: context})
+}

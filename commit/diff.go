@@ -1,0 +1,285 @@
+package commit
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// Diff renders a change set as git does, reading exactly the objects the
+// change set names (never walking a tree). Each change has an old side,
+// the original's object (at From for a rename, at the path translated
+// through its renamed ancestor for a child of a renamed directory, else at
+// the path), and a new side, the sandbox's object (from the upper, or the
+// original's for a child of a renamed directory that was not copied up).
+//
+// Where git has no form, the output says in plain words:
+//   - "new directory P" / "deleted directory P" for a created or deleted
+//     directory no other change lies beneath (git shows directories only
+//     through their files);
+//   - "metadata changed P" for an owner, time or xattr change (a change of
+//     the permission bits shows as old mode / new mode);
+//   - modes are the real st_mode in octal (100640 stays 100640, a directory
+//     is 040755), not git's normalised 100644/100755.
+//
+// A path under a renamed directory shows its original path on the a/ side
+// (diff --git a/old/f b/new/f) without rename lines: the rename is the
+// directory's, shown on the directory's own entry.
+
+// DiffOptions select the output form.
+type DiffOptions struct {
+	// Context is the number of context lines around a change: 0 means
+	// the default 3, a negative value means none (git's -U0).
+	Context int
+}
+
+func (o DiffOptions) context() int {
+	switch {
+	case o.Context == 0:
+		return 3
+	case o.Context < 0:
+		return 0
+	}
+	return o.Context
+}
+
+// Diff writes a git-style unified patch of the change set of the sandbox
+// whose layers are cfg (cfg.Lowers[0] is the original, cfg.Upper the
+// upper) to w.
+func Diff(w io.Writer, cfg layers.Config, cs layers.ChangeSet, opt DiffOptions) error {
+	bw := bufio.NewWriter(w)
+	err := eachDiffPair(cfg, cs, func(d *diffPair) error { return writePatch(bw, d, opt.context()) })
+	if err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// eachDiffPair reads the sides of every change, in change-set order, and
+// hands them to fn.
+func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, fn func(*diffPair) error) error {
+	r, err := openDiffReader(cfg, cs)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	dirs := map[string]bool{} // every proper ancestor of a changed path
+	for _, c := range cs.Changes {
+		for p := c.Path; ; {
+			i := strings.LastIndexByte(p, '/')
+			if i < 0 {
+				break
+			}
+			p = p[:i]
+			dirs[p] = true
+		}
+	}
+	for _, c := range cs.Changes {
+		d, err := r.pair(c, dirs[c.Path])
+		if err != nil {
+			return err
+		}
+		if err := fn(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// diffContent is the content comparison of a pair.
+type diffContent struct {
+	binary, differs bool
+	a, b            []string // lines of the old and new content
+	script          []diffLine
+}
+
+// content compares the content of the two sides. Objects without content
+// (directories, devices) compare as empty.
+func (d *diffPair) content() diffContent {
+	old, new := &d.old, &d.new
+	var dc diffContent
+	if !old.hasContent() && !new.hasContent() {
+		return dc
+	}
+	dc.binary = old.binary || new.binary
+	if dc.binary {
+		dc.differs = !old.hasContent() || !new.hasContent() || old.size != new.size || old.sum != new.sum
+		return dc
+	}
+	if old.hasContent() {
+		dc.a = old.lines()
+	}
+	if new.hasContent() {
+		dc.b = new.lines()
+	}
+	if old.exists && new.exists && old.typ() != new.typ() {
+		// A type change replaces one object by another.
+		dc.script = append(diffLines(dc.a, nil), diffLines(nil, dc.b)...)
+		dc.differs = true
+		return dc
+	}
+	dc.script = diffLines(dc.a, dc.b)
+	for _, l := range dc.script {
+		dc.differs = dc.differs || l.op != ' '
+	}
+	return dc
+}
+
+// writePatch writes the patch of one change.
+func writePatch(w io.Writer, d *diffPair, context int) error {
+	old, new := &d.old, &d.new
+	switch {
+	case !old.exists && !new.exists:
+		return nil
+	case old.exists && new.exists && old.typ() != new.typ():
+		// A type change is a deletion and a creation, as in git.
+		del, add := *d, *d
+		del.new, del.newPath = diffSide{}, ""
+		add.old, add.oldPath = diffSide{}, ""
+		if err := writePatch(w, &del, context); err != nil {
+			return err
+		}
+		return writePatch(w, &add, context)
+	case !old.exists && new.typ() == unix.S_IFDIR:
+		return writeDirLine(w, d, "new directory ", d.newPath)
+	case !new.exists && old.typ() == unix.S_IFDIR:
+		return writeDirLine(w, d, "deleted directory ", d.oldPath)
+	}
+	aName, bName := d.oldPath, d.newPath
+	if !old.exists {
+		aName = bName
+	}
+	if !new.exists {
+		bName = aName
+	}
+	hdr := patchHeader(d)
+	dc := d.content()
+	if len(hdr) == 0 && !dc.differs {
+		label := "metadata changed "
+		if d.c.Kind != layers.Metadata {
+			label = "changed "
+		}
+		_, err := io.WriteString(w, label+gitQuote(d.c.Path)+"\n")
+		return err
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "diff --git %s %s\n", gitQuote("a/"+aName), gitQuote("b/"+bName))
+	for _, h := range hdr {
+		b.WriteString(h + "\n")
+	}
+	switch {
+	case !dc.differs:
+	case dc.binary:
+		fmt.Fprintf(&b, "Binary files %s and %s differ\n", sideName(old, "a/", aName), sideName(new, "b/", bName))
+	default:
+		fmt.Fprintf(&b, "--- %s\n+++ %s\n", fileLineName(old, "a/", aName), fileLineName(new, "b/", bName))
+	}
+	if _, err := w.Write(b.Bytes()); err != nil {
+		return err
+	}
+	if !dc.differs || dc.binary {
+		return nil
+	}
+	return writeHunks(w, dc.a, dc.b, dc.script, context)
+}
+
+// writeDirLine writes the line of a created or deleted directory, unless
+// changes beneath it show it already.
+func writeDirLine(w io.Writer, d *diffPair, label, p string) error {
+	if d.hasBeneath {
+		return nil
+	}
+	_, err := io.WriteString(w, label+gitQuote(p)+"\n")
+	return err
+}
+
+// patchHeader returns the extended header lines of a pair: file modes and
+// renames.
+func patchHeader(d *diffPair) []string {
+	old, new := &d.old, &d.new
+	var hdr []string
+	switch {
+	case !old.exists:
+		hdr = append(hdr, fmt.Sprintf("new file mode %06o", new.mode))
+	case !new.exists:
+		hdr = append(hdr, fmt.Sprintf("deleted file mode %06o", old.mode))
+	default:
+		if old.mode != new.mode {
+			hdr = append(hdr, fmt.Sprintf("old mode %06o", old.mode), fmt.Sprintf("new mode %06o", new.mode))
+		}
+		if d.c.Kind == layers.Renamed {
+			hdr = append(hdr, "rename from "+gitQuote(d.oldPath), "rename to "+gitQuote(d.newPath))
+		}
+	}
+	return hdr
+}
+
+func sideName(s *diffSide, prefix, p string) string {
+	if !s.exists {
+		return "/dev/null"
+	}
+	return gitQuote(prefix + p)
+}
+
+// fileLineName is a name of a ---/+++ line: git ends one holding a space
+// with a tab, so that a trailing space stays visible to patch(1).
+func fileLineName(s *diffSide, prefix, p string) string {
+	n := sideName(s, prefix, p)
+	if strings.Contains(n, " ") {
+		n += "\t"
+	}
+	return n
+}
+
+// gitQuote returns p as is, or C-quoted in double quotes as git quotes
+// paths when p holds control characters, '"', '\' or bytes that are not
+// UTF-8. Inside the quotes, valid UTF-8 stays as it is (git's
+// core.quotePath=false) and every other byte that needs it is escaped.
+func gitQuote(p string) string {
+	needs := false
+	for i, r := range p {
+		if r == '"' || r == '\\' || unicode.IsControl(r) || (r == utf8.RuneError && !validAt(p, i)) {
+			needs = true
+			break
+		}
+	}
+	if !needs {
+		return p
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(p); {
+		r, size := utf8.DecodeRuneInString(p[i:])
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < 0x80 && strings.ContainsRune("\a\b\t\n\v\f\r", r):
+			b.WriteByte('\\')
+			b.WriteByte("abtnvfr"[strings.IndexRune("\a\b\t\n\v\f\r", r)])
+		case (r == utf8.RuneError && size == 1) || unicode.IsControl(r):
+			for _, c := range []byte(p[i : i+size]) {
+				fmt.Fprintf(&b, "\\%03o", c)
+			}
+		default:
+			b.WriteString(p[i : i+size])
+		}
+		i += size
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// validAt reports whether the RuneError at p[i] is the real U+FFFD.
+func validAt(p string, i int) bool {
+	_, size := utf8.DecodeRuneInString(p[i:])
+	return size > 1
+}

@@ -1,0 +1,384 @@
+package commit
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// diffSandbox is a layers stack over a real original, driven through the
+// layers API as the FUSE layer drives it (no mount needed).
+type diffSandbox struct {
+	t   *testing.T
+	l   *layers.Layers
+	cfg layers.Config
+	c   layers.Caller
+}
+
+func newDiffSandbox(t *testing.T, files map[string]string) *diffSandbox {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{filepath.Join(dir, "orig")}}
+	for _, d := range []string{cfg.Upper, cfg.Work, cfg.Lowers[0]} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	writeTestFiles(t, cfg.Lowers[0], files)
+	l, err := layers.Open(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return &diffSandbox{t: t, l: l, cfg: cfg, c: layers.Caller{Pid: 1}}
+}
+
+// writeFiles makes files ("content"), directories (a trailing "/"),
+// symlinks ("-> target") and executables ("#!..." content) under root.
+func writeTestFiles(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for p, v := range files {
+		full := filepath.Join(root, p)
+		if strings.HasSuffix(p, "/") {
+			require.NoError(t, os.MkdirAll(full, 0o755))
+			continue
+		}
+		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+		if target, ok := strings.CutPrefix(v, "-> "); ok {
+			require.NoError(t, os.Symlink(target, full))
+			continue
+		}
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(v, "#!") {
+			mode = 0o755
+		}
+		require.NoError(t, os.WriteFile(full, []byte(v), mode))
+		require.NoError(t, os.Chmod(full, mode))
+	}
+}
+
+func (s *diffSandbox) lookup(p string) layers.Entry {
+	s.t.Helper()
+	e, err := s.l.Root()
+	require.NoError(s.t, err)
+	dir := ""
+	for _, name := range strings.Split(p, "/") {
+		if name == "" {
+			continue
+		}
+		e, err = s.l.Lookup(dir, e.Obj, name)
+		require.NoError(s.t, err, p)
+		dir = layers.Join(dir, name)
+	}
+	return e
+}
+
+func splitParent(p string) (string, string) {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i], p[i+1:]
+	}
+	return "", p
+}
+
+func (s *diffSandbox) write(p, data string) {
+	s.t.Helper()
+	e := s.lookup(p)
+	fd, _, err := s.l.Open(p, &e.Obj, unix.O_WRONLY|unix.O_TRUNC, s.c)
+	require.NoError(s.t, err)
+	_, err = unix.Write(fd, []byte(data))
+	require.NoError(s.t, err)
+	require.NoError(s.t, unix.Close(fd))
+}
+
+func (s *diffSandbox) create(p, data string) {
+	s.t.Helper()
+	dir, name := splitParent(p)
+	fd, _, err := s.l.Create(dir, s.lookup(dir).Obj, name, unix.S_IFREG|0o644, s.c)
+	require.NoError(s.t, err)
+	_, err = unix.Write(fd, []byte(data))
+	require.NoError(s.t, err)
+	require.NoError(s.t, unix.Close(fd))
+}
+
+func (s *diffSandbox) mkdir(p string) {
+	s.t.Helper()
+	dir, name := splitParent(p)
+	_, err := s.l.Mkdir(dir, s.lookup(dir).Obj, name, 0o755, s.c)
+	require.NoError(s.t, err)
+}
+
+func (s *diffSandbox) symlink(p, target string) {
+	s.t.Helper()
+	dir, name := splitParent(p)
+	_, err := s.l.Symlink(dir, s.lookup(dir).Obj, name, target, s.c)
+	require.NoError(s.t, err)
+}
+
+func (s *diffSandbox) remove(p string) {
+	s.t.Helper()
+	dir, name := splitParent(p)
+	if e := s.lookup(p); e.IsDir() {
+		require.NoError(s.t, s.l.Rmdir(dir, s.lookup(dir).Obj, name, s.c))
+		return
+	}
+	require.NoError(s.t, s.l.Unlink(dir, s.lookup(dir).Obj, name, s.c))
+}
+
+func (s *diffSandbox) rename(from, to string) {
+	s.t.Helper()
+	od, on := splitParent(from)
+	nd, nn := splitParent(to)
+	src := s.lookup(from).Obj
+	require.NoError(s.t, s.l.Rename(od, s.lookup(od).Obj, on, &src, nd, s.lookup(nd).Obj, nn, 0, s.c))
+}
+
+func (s *diffSandbox) chmod(p string, mode uint32) {
+	s.t.Helper()
+	e := s.lookup(p)
+	_, err := s.l.Setattr(p, &e.Obj, -1, layers.SetAttr{Mode: &mode}, s.c)
+	require.NoError(s.t, err)
+}
+
+func (s *diffSandbox) changes() layers.ChangeSet {
+	s.t.Helper()
+	require.NoError(s.t, s.l.Sync())
+	cs, err := layers.Changes(s.cfg)
+	require.NoError(s.t, err)
+	return cs
+}
+
+func (s *diffSandbox) diff(opt DiffOptions) string {
+	s.t.Helper()
+	var b bytes.Buffer
+	require.NoError(s.t, Diff(&b, s.cfg, s.changes(), opt))
+	return b.String()
+}
+
+// richSandbox makes one change of every kind.
+func richSandbox(t *testing.T) *diffSandbox {
+	s := newDiffSandbox(t, map[string]string{
+		"a.txt": "one\ntwo\nthree\n", "del.txt": "bye\n", "d/f.txt": "in d\n", "d/g.txt": "g\n",
+		"bin.dat": "\x00\x01\x02", "link": "-> a.txt", "run.sh": "#!/bin/sh\n", "sp ace.txt": "x\n",
+		"emptydir/": "", "mv.txt": "moved\n",
+	})
+	s.write("a.txt", "one\n2\nthree\nfour")
+	s.remove("del.txt")
+	s.mkdir("new")
+	s.mkdir("new/dir")
+	s.create("new/dir/n.txt", "new\n")
+	s.rename("d", "e")
+	s.write("e/f.txt", "in e\n")
+	s.write("bin.dat", "\x00\x01\x03\x04")
+	s.remove("link")
+	s.symlink("link", "b.txt")
+	s.chmod("run.sh", 0o700)
+	s.mkdir("emptynew")
+	s.remove("emptydir")
+	s.create("tab\tname", "")
+	s.write("sp ace.txt", "y\n")
+	s.rename("mv.txt", "moved.txt")
+	return s
+}
+
+func TestDiffPatch(t *testing.T) {
+	t.Parallel()
+	out := richSandbox(t).diff(DiffOptions{})
+	for _, want := range []string{
+		"diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,4 @@\n one\n-two\n+2\n three\n+four\n\\ No newline at end of file\n",
+		"diff --git a/bin.dat b/bin.dat\nBinary files a/bin.dat and b/bin.dat differ\n",
+		"diff --git a/del.txt b/del.txt\ndeleted file mode 100644\n--- a/del.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n",
+		"diff --git a/d b/e\nrename from d\nrename to e\n",
+		"diff --git a/d/f.txt b/e/f.txt\n--- a/d/f.txt\n+++ b/e/f.txt\n@@ -1 +1 @@\n-in d\n+in e\n",
+		"deleted directory emptydir\n",
+		"new directory emptynew\n",
+		"diff --git a/link b/link\n--- a/link\n+++ b/link\n@@ -1 +1 @@\n-a.txt\n\\ No newline at end of file\n+b.txt\n\\ No newline at end of file\n",
+		"diff --git a/mv.txt b/moved.txt\nrename from mv.txt\nrename to moved.txt\n",
+		"diff --git a/new/dir/n.txt b/new/dir/n.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new/dir/n.txt\n@@ -0,0 +1 @@\n+new\n",
+		"diff --git a/run.sh b/run.sh\nold mode 100755\nnew mode 100700\n",
+		"diff --git a/sp ace.txt b/sp ace.txt\n--- a/sp ace.txt\t\n+++ b/sp ace.txt\t\n@@ -1 +1 @@\n-x\n+y\n",
+		"diff --git \"a/tab\\tname\" \"b/tab\\tname\"\nnew file mode 100644\n",
+	} {
+		assert.Contains(t, out, want)
+	}
+	assert.NotContains(t, out, "new directory new\n", "a new directory with files beneath shows through them")
+	assert.NotContains(t, out, "d/g.txt", "untouched children of a renamed directory are not listed")
+}
+
+func TestDiffNameStatusStatJSON(t *testing.T) {
+	t.Parallel()
+	s := richSandbox(t)
+	cs := s.changes()
+	var b bytes.Buffer
+	require.NoError(t, NameStatus(&b, cs))
+	assert.Equal(t, "M\ta.txt\nM\tbin.dat\nD\tdel.txt\nR\td\te\nM\te/f.txt\nD\temptydir\nA\temptynew\n"+
+		"M\tlink\nR\tmv.txt\tmoved.txt\nA\tnew\nA\tnew/dir\nA\tnew/dir/n.txt\nm\trun.sh\nM\tsp ace.txt\nA\t\"tab\\tname\"\n", b.String())
+
+	b.Reset()
+	require.NoError(t, DiffStat(&b, s.cfg, cs))
+	assert.Equal(t, ` a.txt               |   3 ++-
+ bin.dat             | Bin 3 -> 4 bytes
+ del.txt             |   1 -
+ d => e              |   0
+ {d => e}/f.txt      |   2 +-
+ link                |   2 +-
+ mv.txt => moved.txt |   0
+ new/dir/n.txt       |   1 +
+ run.sh              |   0
+ sp ace.txt          |   2 +-
+ "tab\tname"         |   0
+ 11 files changed, 6 insertions(+), 5 deletions(-)
+`, b.String())
+
+	fds, err := DiffJSON(s.cfg, cs)
+	require.NoError(t, err)
+	raw, err := json.Marshal(fds)
+	require.NoError(t, err)
+	var back []FileDiff
+	require.NoError(t, json.Unmarshal(raw, &back))
+	byPath := map[string]FileDiff{}
+	for _, f := range back {
+		byPath[f.Path] = f
+	}
+	a := byPath["a.txt"]
+	assert.Equal(t, "M", a.Status)
+	assert.Equal(t, 2, a.Added)
+	assert.Equal(t, 1, a.Deleted)
+	assert.Equal(t, "100644", a.OldMode)
+	require.NotNil(t, a.OldSize)
+	assert.EqualValues(t, 14, *a.OldSize)
+	assert.True(t, byPath["bin.dat"].Binary)
+	assert.Equal(t, "b.txt", byPath["link"].NewTarget)
+	assert.Equal(t, "a.txt", byPath["link"].OldTarget)
+	assert.Equal(t, "d/f.txt", byPath["e/f.txt"].OldPath)
+	assert.Equal(t, "mv.txt", byPath["moved.txt"].From)
+	assert.Nil(t, byPath["new/dir/n.txt"].OldSize)
+	assert.Equal(t, "100700", byPath["run.sh"].NewMode)
+	assert.Equal(t, "D", byPath["del.txt"].Status)
+}
+
+func TestDiffTypeChange(t *testing.T) {
+	t.Parallel()
+	s := newDiffSandbox(t, map[string]string{"f": "text\n", "l": "-> f", "x/": ""})
+	s.remove("f")
+	s.symlink("f", "target")
+	s.remove("l")
+	s.create("l", "now a file\n")
+	s.remove("x")
+	s.create("x", "")
+	cs := s.changes()
+	var b bytes.Buffer
+	require.NoError(t, NameStatus(&b, cs))
+	assert.Equal(t, "M\tf\nM\tl\nM\tx\n", b.String(), "the change set alone cannot tell a file's type change")
+	b.Reset()
+	require.NoError(t, NameStatusWithTypes(&b, s.cfg, cs))
+	assert.Equal(t, "T\tf\nT\tl\nT\tx\n", b.String())
+	out := s.diff(DiffOptions{})
+	assert.Contains(t, out, "diff --git a/f b/f\ndeleted file mode 100644\n--- a/f\n+++ /dev/null\n@@ -1 +0,0 @@\n-text\n"+
+		"diff --git a/f b/f\nnew file mode 120777\n--- /dev/null\n+++ b/f\n@@ -0,0 +1 @@\n+target\n\\ No newline at end of file\n")
+	assert.Contains(t, out, "deleted directory x\ndiff --git a/x b/x\nnew file mode 100644\n")
+}
+
+func TestDiffContextOption(t *testing.T) {
+	t.Parallel()
+	var lines []string
+	for i := range 20 {
+		lines = append(lines, string(rune('a'+i)))
+	}
+	orig := strings.Join(lines, "\n") + "\n"
+	s := newDiffSandbox(t, map[string]string{"f": orig})
+	s.write("f", strings.Replace(strings.Replace(orig, "c\n", "C\n", 1), "r\n", "R\n", 1))
+	tests := []struct {
+		context int
+		hunks   []string
+	}{
+		{0, []string{"@@ -3 +3 @@\n-c\n+C\n", "@@ -18 +18 @@\n-r\n+R\n"}},
+		{-1, []string{"@@ -3 +3 @@\n-c\n+C\n", "@@ -18 +18 @@\n-r\n+R\n"}},
+		{1, []string{"@@ -2,3 +2,3 @@\n b\n-c\n+C\n d\n", "@@ -17,3 +17,3 @@\n q\n-r\n+R\n s\n"}},
+		{8, []string{"@@ -1,20 +1,20 @@\n a\n b\n-c\n+C\n"}},
+	}
+	for _, tt := range tests {
+		ctx := tt.context
+		if ctx == 0 {
+			ctx = -1 // git's -U0
+		}
+		out := s.diff(DiffOptions{Context: ctx})
+		for _, h := range tt.hunks {
+			assert.Contains(t, out, h, "context %d", tt.context)
+		}
+		assert.Equal(t, len(tt.hunks), strings.Count(out, "@@ -"), "context %d:\n%s", tt.context, out)
+	}
+	assert.Contains(t, s.diff(DiffOptions{}), "@@ -1,6 +1,6 @@\n a\n b\n-c\n+C\n d\n e\n f\n", "default context is 3")
+}
+
+// TestDiffGitApply checks the patch of file changes against git: applied
+// with `git apply` to a copy of the original, it gives the sandbox's files.
+func TestDiffGitApply(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	files := map[string]string{
+		"a.txt": "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n", "gone.txt": "x\ny\n", "s/l": "-> ../a.txt",
+		"run.sh": "#!/bin/sh\necho hi\n", "noeol.txt": "no newline", "sp ace.txt": "a\n", "ren.txt": "r1\nr2\n",
+	}
+	s := newDiffSandbox(t, files)
+	s.write("a.txt", "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n")
+	s.remove("gone.txt")
+	s.create("fresh.txt", "fresh\n")
+	s.create("empty.txt", "")
+	s.remove("s/l")
+	s.symlink("s/l", "elsewhere")
+	s.write("noeol.txt", "no newline\nnow has one\n")
+	s.write("sp ace.txt", "b\n")
+	s.rename("ren.txt", "renamed.txt")
+	s.write("renamed.txt", "r1\nr2\nr3\n")
+	s.chmod("run.sh", 0o644)
+	patch := s.diff(DiffOptions{})
+
+	work := t.TempDir()
+	writeTestFiles(t, work, files)
+	cmd := exec.Command("git", "apply", "--unsafe-paths", "-")
+	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
+
+	for _, p := range []string{"a.txt", "fresh.txt", "empty.txt", "noeol.txt", "sp ace.txt", "renamed.txt"} {
+		want, err := os.ReadFile(filepath.Join(s.cfg.Upper, p))
+		require.NoError(t, err)
+		got, err := os.ReadFile(filepath.Join(work, p))
+		require.NoError(t, err, p)
+		assert.Equal(t, string(want), string(got), p)
+	}
+	target, err := os.Readlink(filepath.Join(work, "s/l"))
+	require.NoError(t, err)
+	assert.Equal(t, "elsewhere", target)
+	assert.NoFileExists(t, filepath.Join(work, "gone.txt"))
+	assert.NoFileExists(t, filepath.Join(work, "ren.txt"))
+	st, err := os.Stat(filepath.Join(work, "run.sh"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
+}
+
+func TestDiffEmptyAndErrors(t *testing.T) {
+	t.Parallel()
+	s := newDiffSandbox(t, map[string]string{"a": "a\n"})
+	var b bytes.Buffer
+	require.NoError(t, Diff(&b, s.cfg, s.changes(), DiffOptions{}))
+	require.NoError(t, DiffStat(&b, s.cfg, s.changes()))
+	require.NoError(t, NameStatus(&b, s.changes()))
+	assert.Empty(t, b.String())
+	fds, err := DiffJSON(s.cfg, s.changes())
+	require.NoError(t, err)
+	assert.NotNil(t, fds)
+	assert.Empty(t, fds)
+
+	cs := layers.ChangeSet{Changes: []layers.Change{{Path: "../escape", Kind: layers.Modified, Type: "file"}}}
+	assert.Error(t, Diff(&b, s.cfg, cs, DiffOptions{}), "a path that leaves the root is refused")
+	assert.Error(t, Diff(&b, layers.Config{}, s.changes(), DiffOptions{}))
+}

@@ -1,0 +1,278 @@
+package commit
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// binarySniff is how many leading bytes decide whether content is binary
+// (a NUL among them), as in git.
+const binarySniff = 8000
+
+// diffSide is one side of a change: the object at a path of one layer.
+type diffSide struct {
+	exists bool
+	mode   uint32 // st_mode, type bits included
+	size   int64
+	target string // symlink target
+	data   []byte // content; only the first binarySniff bytes when binary
+	binary bool
+	sum    [sha256.Size]byte // of the whole content, for binary files
+	// whiteout marks an upper's whiteout (character device 0/0): the
+	// path is deleted there, not present.
+	whiteout bool
+}
+
+func (s *diffSide) typ() uint32 { return s.mode & unix.S_IFMT }
+
+// hasContent reports whether the side is diffed by content: a regular
+// file or a symlink (whose content is its target, as in git).
+func (s *diffSide) hasContent() bool {
+	return s.exists && (s.typ() == unix.S_IFREG || s.typ() == unix.S_IFLNK)
+}
+
+// lines returns the content as lines.
+func (s *diffSide) lines() []string {
+	if s.typ() == unix.S_IFLNK {
+		return []string{s.target}
+	}
+	return splitLines(s.data)
+}
+
+// diffPair is one change with both of its sides read.
+type diffPair struct {
+	c          layers.Change
+	oldPath    string // where the old side is in the original ("" if none)
+	newPath    string // the path in the sandbox ("" if deleted)
+	old, new   diffSide
+	hasBeneath bool // another change lies beneath this path
+}
+
+// diffReader reads the two layers of a sandbox, never following a
+// symlink in any component and never leaving either root.
+type diffReader struct {
+	upper, orig int // O_PATH directory descriptors
+	renamed     map[string]string
+}
+
+func openDiffReader(cfg layers.Config, cs layers.ChangeSet) (*diffReader, error) {
+	if cfg.Upper == "" || len(cfg.Lowers) == 0 {
+		return nil, fmt.Errorf("diff: the layers need an upper and an original")
+	}
+	r := &diffReader{upper: -1, orig: -1, renamed: map[string]string{}}
+	var err error
+	if r.upper, err = unix.Open(cfg.Upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("diff: open upper %q: %w", cfg.Upper, err)
+	}
+	if r.orig, err = unix.Open(cfg.Lowers[0], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		r.close()
+		return nil, fmt.Errorf("diff: open original %q: %w", cfg.Lowers[0], err)
+	}
+	for _, c := range cs.Changes {
+		if c.Kind == layers.Renamed {
+			r.renamed[c.Path] = c.From
+		}
+	}
+	return r, nil
+}
+
+func (r *diffReader) close() {
+	for _, fd := range []int{r.upper, r.orig} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// counterpart is the original path of what is at p in the sandbox: p
+// translated through its nearest renamed ancestor (or its own rename).
+func (r *diffReader) counterpart(p string) string {
+	for q := p; ; {
+		if from, ok := r.renamed[q]; ok {
+			return from + p[len(q):]
+		}
+		i := strings.LastIndexByte(q, '/')
+		if i < 0 {
+			return p
+		}
+		q = q[:i]
+	}
+}
+
+// pair reads both sides of c. beneath tells whether another change of
+// the set lies under c.Path.
+func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
+	d := &diffPair{c: c, hasBeneath: beneath}
+	cp := r.counterpart(c.Path)
+	var err error
+	if c.Kind != layers.Created && c.Kind != layers.Linked {
+		d.oldPath = cp
+		if d.old, err = readSide(r.orig, cp); err != nil {
+			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
+		}
+	}
+	if c.Kind == layers.Deleted {
+		return d, nil
+	}
+	d.newPath = c.Path
+	if d.new, err = readSide(r.upper, c.Path); err != nil {
+		return nil, fmt.Errorf("diff %q: upper: %w", c.Path, err)
+	}
+	if !d.new.exists || d.new.whiteout {
+		// Not copied up: a child of a renamed directory shows the original.
+		if d.new, err = readSide(r.orig, cp); err != nil {
+			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
+		}
+	}
+	return d, nil
+}
+
+// readSide reads the object at rel beneath the directory root. A missing
+// object, or one behind a non-directory or a symlink, gives a side that
+// does not exist.
+func readSide(root int, rel string) (diffSide, error) {
+	var s diffSide
+	var st unix.Stat_t
+	dir, base, ok, err := lstatBeneath(root, rel, &st)
+	if err != nil || !ok {
+		return s, err
+	}
+	if dir != root {
+		defer unix.Close(dir)
+	}
+	s.exists, s.mode, s.size = true, st.Mode, st.Size
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		s.target, err = readlinkAt(dir, base)
+		s.size = int64(len(s.target))
+	case unix.S_IFREG:
+		err = s.readFile(dir, base)
+	case unix.S_IFCHR:
+		s.whiteout = fsutil.IsWhiteout(&st)
+	}
+	return s, err
+}
+
+// lstatBeneath stats rel beneath root without following symlinks. When
+// the object exists it returns the directory that holds it (root itself
+// for the root; the caller closes any other) and its name there.
+func lstatBeneath(root int, rel string, st *unix.Stat_t) (int, string, bool, error) {
+	clean, err := fsutil.CleanRel(rel)
+	if err != nil {
+		return -1, "", false, err
+	}
+	dir, base := root, ""
+	if clean != "" {
+		if dir, err = fsutil.OpenDirBeneath(root, clean); err != nil {
+			if absent(err) {
+				err = nil
+			}
+			return -1, "", false, err
+		}
+		base = path.Base(clean)
+	}
+	if err := unix.Fstatat(dir, base, st, unix.AT_SYMLINK_NOFOLLOW|unix.AT_EMPTY_PATH); err != nil {
+		if dir != root {
+			unix.Close(dir)
+		}
+		if absent(err) {
+			err = nil
+		}
+		return -1, "", false, err
+	}
+	return dir, base, true, nil
+}
+
+// origType is the type name of the original's object at rel ("" when
+// there is none).
+func (r *diffReader) origType(rel string) (string, error) {
+	var st unix.Stat_t
+	dir, _, ok, err := lstatBeneath(r.orig, rel, &st)
+	if err != nil || !ok {
+		return "", err
+	}
+	if dir != r.orig {
+		unix.Close(dir)
+	}
+	return diffTypeName(st.Mode), nil
+}
+
+// diffTypeName is the type word of a mode, as in layers.Change.Type.
+func diffTypeName(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "file"
+	case unix.S_IFDIR:
+		return "dir"
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFIFO:
+		return "fifo"
+	case unix.S_IFSOCK:
+		return "socket"
+	}
+	return "device"
+}
+
+func absent(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}
+
+func readlinkAt(dir int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dir, name, buf)
+		if err != nil {
+			return "", fmt.Errorf("readlink: %w", err)
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}
+
+// readFile reads the content: only the first binarySniff bytes when they
+// hold a NUL, all of it otherwise.
+func (s *diffSide) readFile(dir int, name string) error {
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	head := make([]byte, binarySniff)
+	n, err := io.ReadFull(f, head)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("read: %w", err)
+	}
+	s.data = head[:n]
+	if s.binary = bytes.IndexByte(s.data, 0) >= 0; s.binary {
+		h := sha256.New()
+		h.Write(s.data)
+		if _, err := io.Copy(h, f); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		h.Sum(s.sum[:0])
+		return nil
+	}
+	if n < binarySniff {
+		return nil
+	}
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	s.data = append(s.data, rest...)
+	return nil
+}

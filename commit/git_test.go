@@ -1,0 +1,221 @@
+package commit
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// gitIn runs the git CLI in dir, without the user's or the system's
+// configuration, and returns its output.
+func gitIn(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com",
+		"GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "git %q in %s: %s", args, dir, out)
+	return string(out)
+}
+
+// newGitRepo makes a repository with the files committed.
+func newGitRepo(t *testing.T, files map[string]string) string {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	require.NoError(t, err)
+	gitIn(t, dir, "init", "-q", "-b", "main")
+	if len(files) > 0 {
+		writeTestFiles(t, dir, files)
+		gitIn(t, dir, "add", "-A")
+		gitIn(t, dir, "commit", "-q", "-m", "initial")
+	}
+	return dir
+}
+
+// requireFsck checks that git finds the repository sound.
+func requireFsck(t *testing.T, dir string) {
+	t.Helper()
+	out := gitIn(t, dir, "fsck", "--strict", "--no-dangling")
+	assert.Empty(t, strings.TrimSpace(out), "git fsck")
+}
+
+func gitLines(s string) []string {
+	s = strings.TrimRight(s, "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+func TestGitCommitExactlyThePaths(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{
+		"mod.txt": "old\n", "del.txt": "bye\n", "olddir/a": "a\n", "olddir/b/c": "c\n",
+		"other.txt": "other\n", "staged.txt": "staged\n", "keep/x": "x\n",
+	})
+	gitIn(t, dir, "config", "user.name", "Repo User")
+	gitIn(t, dir, "config", "user.email", "repo@example.com")
+	writeTestFiles(t, dir, map[string]string{
+		"mod.txt": "new\n", "new/dir/n.txt": "n\n", "link": "-> mod.txt", "tool.sh": "#!/bin/sh\n",
+		"other.txt": "dirty\n", "staged.txt": "staged change\n", "untracked.txt": "u\n", "new/unlisted.txt": "not listed\n",
+	})
+	require.NoError(t, os.Remove(filepath.Join(dir, "del.txt")))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "olddir")))
+	gitIn(t, dir, "add", "staged.txt")
+	before := gitIn(t, dir, "status", "--porcelain")
+
+	paths := []string{"mod.txt", "new", "new/dir", "new/dir/n.txt", "del.txt", "olddir", "link", "tool.sh", "./mod.txt"}
+	h, err := GitCommit(dir, paths, GitCommitOptions{Message: "sandbox commit\n\nbody"})
+	require.NoError(t, err)
+
+	assert.Equal(t, h, strings.TrimSpace(gitIn(t, dir, "rev-parse", "main")))
+	assert.Equal(t, []string{"A\tlink", "A\tnew/dir/n.txt", "A\ttool.sh", "D\tdel.txt", "D\tolddir/a", "D\tolddir/b/c", "M\tmod.txt"},
+		sortedLines(gitIn(t, dir, "show", "--name-status", "--format=", "HEAD")))
+	assert.True(t, strings.HasSuffix(gitIn(t, dir, "cat-file", "commit", "HEAD"), "\n\nsandbox commit\n\nbody\n"))
+	assert.Equal(t, "Repo User <repo@example.com>\n", gitIn(t, dir, "log", "-1", "--format=%an <%ae>"))
+	assert.Equal(t, "new\n", gitIn(t, dir, "show", "HEAD:mod.txt"))
+	assert.Equal(t, "mod.txt", gitIn(t, dir, "show", "HEAD:link"))
+	tree := gitIn(t, dir, "ls-tree", "-r", "HEAD")
+	assert.Contains(t, tree, "120000 blob")
+	assert.Regexp(t, `100755 blob [0-9a-f]+\ttool.sh`, tree)
+	assert.NotContains(t, tree, "unlisted", "unlisted content beneath a listed directory stays out")
+
+	after := gitIn(t, dir, "status", "--porcelain")
+	assert.Equal(t, []string{" M other.txt", "?? new/unlisted.txt", "?? untracked.txt", "M  staged.txt"}, sortedLines(after))
+	assert.Contains(t, before, "M  staged.txt")
+	assert.Equal(t, "staged.txt\n", gitIn(t, dir, "diff", "--cached", "--name-only"), "the staged file stays staged, uncommitted")
+	assert.Equal(t, "staged\n", gitIn(t, dir, "show", "HEAD:staged.txt"))
+	assert.Contains(t, gitIn(t, dir, "reflog", "-1"), "commit: sandbox commit")
+	assert.NoFileExists(t, filepath.Join(dir, ".git", "index.lock"))
+	requireFsck(t, dir)
+	// The index holds the committed paths' stat data: git sees them clean
+	// without rehashing them.
+	assert.Equal(t, "other.txt\n", gitIn(t, dir, "diff-files", "--name-only"))
+}
+
+func sortedLines(s string) []string {
+	l := gitLines(s)
+	slices.Sort(l)
+	return l
+}
+
+func TestGitCommitUnbornAndSubdir(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, nil)
+	writeTestFiles(t, dir, map[string]string{"sub/a": "a\n", "sub/d/b": "b\n", "other": "o\n"})
+	gitIn(t, dir, "add", "other")
+	when := time.Date(2024, 5, 6, 7, 8, 9, 0, time.FixedZone("x", 2*3600))
+	h, err := GitCommit(filepath.Join(dir, "sub"), []string{"a", "d/b"},
+		GitCommitOptions{Message: "first", AuthorName: "A U Thor", AuthorEmail: "a@example.com", When: when})
+	require.NoError(t, err)
+	assert.Equal(t, h, strings.TrimSpace(gitIn(t, dir, "rev-parse", "HEAD")))
+	assert.Equal(t, "\n", gitIn(t, dir, "log", "-1", "--format=%P"), "a root commit has no parent")
+	assert.Equal(t, "A U Thor <a@example.com> 2024-05-06T07:08:09+02:00\n", gitIn(t, dir, "log", "-1", "--format=%an <%ae> %aI"))
+	assert.Equal(t, []string{"sub/a", "sub/d/b"}, gitLines(gitIn(t, dir, "ls-tree", "-r", "--name-only", "HEAD")))
+	assert.Equal(t, []string{"A  other"}, gitLines(gitIn(t, dir, "status", "--porcelain")))
+	requireFsck(t, dir)
+}
+
+func TestGitCommitDetachedAndTypeChanges(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{"x": "file\n", "y/z": "in dir\n", "keep": "k\n"})
+	gitIn(t, dir, "checkout", "-q", "--detach")
+	mainBefore := gitIn(t, dir, "rev-parse", "main")
+	require.NoError(t, os.Remove(filepath.Join(dir, "x")))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "y")))
+	writeTestFiles(t, dir, map[string]string{"x/inner": "now a dir\n", "y": "now a file\n"})
+	h, err := GitCommit(dir, []string{"x", "x/inner", "y"}, GitCommitOptions{Message: "types"})
+	require.NoError(t, err)
+	assert.Equal(t, h, strings.TrimSpace(gitIn(t, dir, "rev-parse", "HEAD")))
+	assert.Equal(t, mainBefore, gitIn(t, dir, "rev-parse", "main"), "a detached HEAD moves alone")
+	assert.Equal(t, []string{"keep", "x/inner", "y"}, gitLines(gitIn(t, dir, "ls-tree", "-r", "--name-only", "HEAD")))
+	assert.Empty(t, gitIn(t, dir, "status", "--porcelain"))
+	requireFsck(t, dir)
+}
+
+func TestGitCommitLinkedWorktree(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{"a": "a\n"})
+	wt := filepath.Join(filepath.Dir(dir), filepath.Base(dir)+"-wt")
+	gitIn(t, dir, "worktree", "add", "-q", "-b", "side", wt)
+	t.Cleanup(func() { os.RemoveAll(wt) })
+	writeTestFiles(t, wt, map[string]string{"a": "changed\n"})
+	h, err := GitCommit(wt, []string{"a"}, GitCommitOptions{Message: "in a worktree"})
+	require.NoError(t, err)
+	assert.Equal(t, h, strings.TrimSpace(gitIn(t, dir, "rev-parse", "side")))
+	assert.Empty(t, gitIn(t, wt, "status", "--porcelain"))
+	assert.Empty(t, gitIn(t, dir, "status", "--porcelain"), "the main work tree's index is untouched")
+	requireFsck(t, dir)
+}
+
+func TestGitCommitDefaultAuthor(t *testing.T) {
+	// Not parallel: it points HOME at an empty directory.
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	dir := newGitRepo(t, map[string]string{"a": "a\n"})
+	writeTestFiles(t, dir, map[string]string{"a": "b\n"})
+	_, err := GitCommit(dir, []string{"a"}, GitCommitOptions{Message: "m"})
+	require.NoError(t, err)
+	assert.Equal(t, "sbxfs <sbxfs@localhost>\n", gitIn(t, dir, "log", "-1", "--format=%an <%ae>"))
+}
+
+func TestGitCommitErrors(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{"a": "a\n"})
+	plain, err := filepath.EvalSymlinks(t.TempDir())
+	require.NoError(t, err)
+	bare := filepath.Join(plain, "bare.git")
+	gitIn(t, plain, "init", "-q", "--bare", bare)
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o644))
+	head := gitIn(t, dir, "rev-parse", "HEAD")
+
+	tests := []struct {
+		name  string
+		root  string
+		paths []string
+		msg   string
+		is    error
+		text  string
+	}{
+		{"empty message", dir, []string{"a"}, " \n", ErrGitMessage, ""},
+		{"not a repository", plain, []string{"a"}, "m", ErrNotGitWorkTree, ""},
+		{"bare repository", bare, []string{"a"}, "m", ErrGitBare, ""},
+		{"inside .git", filepath.Join(dir, ".git"), []string{"config"}, "m", ErrNotGitWorkTree, ""},
+		{"path with ..", dir, []string{"../a"}, "m", fsutil.ErrPathEscapes, ""},
+		{"absolute path", dir, []string{"/etc/passwd"}, "m", fsutil.ErrPathEscapes, ""},
+		{"path into .git", dir, []string{".git/config"}, "m", fsutil.ErrPathEscapes, ""},
+		{"fifo", dir, []string{"fifo"}, "m", nil, "git stores only files"},
+		{"missing root", filepath.Join(plain, "nope"), []string{"a"}, "m", os.ErrNotExist, ""},
+	}
+	for _, tt := range tests {
+		_, err := GitCommit(tt.root, tt.paths, GitCommitOptions{Message: tt.msg})
+		require.Error(t, err, tt.name)
+		if tt.is != nil {
+			assert.ErrorIs(t, err, tt.is, tt.name)
+		}
+		assert.Contains(t, err.Error(), tt.text, tt.name)
+	}
+	assert.Equal(t, head, gitIn(t, dir, "rev-parse", "HEAD"), "a refused commit moves nothing")
+	assert.NoFileExists(t, filepath.Join(dir, ".git", "index.lock"))
+
+	lock := filepath.Join(dir, ".git", "index.lock")
+	require.NoError(t, os.WriteFile(lock, nil, 0o644))
+	_, err = GitCommit(dir, []string{"a"}, GitCommitOptions{Message: "m"})
+	assert.ErrorIs(t, err, ErrGitLocked)
+	assert.FileExists(t, lock, "someone else's lock is left alone")
+}
