@@ -291,3 +291,23 @@ func TestHelperFormMount8(t *testing.T) {
 	require.NoError(t, err, "umount: %s", out)
 	assert.False(t, isMounted(t, mnt))
 }
+
+// TestHelperFormFstab mounts from an fstab line (mount --fstab FILE MNT
+// reads it as /etc/fstab would be read).
+func TestHelperFormFstab(t *testing.T) {
+	requireFuse(t)
+	if _, err := os.Stat("/sbin/mount.fuse.sbxfs"); err != nil {
+		t.Skip("/sbin/mount.fuse.sbxfs is not installed (scripts/install.sh installs it)")
+	}
+	t.Parallel()
+	l1, l2, upper, work, mnt := helperFixture(t)
+	fstab := filepath.Join(t.TempDir(), "fstab")
+	line := fmt.Sprintf("sbxfs %s fuse.sbxfs lowerdir=%s:%s,upperdir=%s,workdir=%s,noauto,nofail,x-comment=test 0 0\n", mnt, l1, l2, upper, work)
+	require.NoError(t, os.WriteFile(fstab, []byte(line), 0o644))
+	out, err := exec.Command("mount", "--fstab", fstab, mnt).CombinedOutput()
+	require.NoError(t, err, "mount: %s", out)
+	checkHelperMount(t, l1, l2, upper, mnt)
+	out, err = exec.Command("umount", mnt).CombinedOutput()
+	require.NoError(t, err, "umount: %s", out)
+	assert.False(t, isMounted(t, mnt))
+}
