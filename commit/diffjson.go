@@ -62,7 +62,7 @@ func fileDiffOf(d *diffPair) FileDiff {
 	}
 	oldType := c.Type
 	if d.old.exists {
-		oldType = diffTypeName(d.old.mode)
+		oldType = layers.TypeName(d.old.mode)
 		f.OldType = oldType
 		f.OldMode = fmt.Sprintf("%06o", d.old.mode)
 		f.OldSize = sideSize(&d.old)

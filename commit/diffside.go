@@ -205,24 +205,7 @@ func (r *diffReader) origType(rel string) (string, error) {
 	if dir != r.orig {
 		unix.Close(dir)
 	}
-	return diffTypeName(st.Mode), nil
-}
-
-// diffTypeName is the type word of a mode, as in layers.Change.Type.
-func diffTypeName(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return "file"
-	case unix.S_IFDIR:
-		return "dir"
-	case unix.S_IFLNK:
-		return "symlink"
-	case unix.S_IFIFO:
-		return "fifo"
-	case unix.S_IFSOCK:
-		return "socket"
-	}
-	return "device"
+	return layers.TypeName(st.Mode), nil
 }
 
 func absent(err error) bool {

@@ -3,7 +3,6 @@ package commit
 import (
 	"errors"
 	"fmt"
-	"github.com/sbxfs/sbxfs/layers"
 	"path"
 	"path/filepath"
 	"slices"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // GitCommit records committed paths in git without running git: blobs,

@@ -13,6 +13,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // gitTree edits a git tree in memory: it loads only the trees on the
@@ -255,7 +257,7 @@ func readWorkFile(s storer.EncodedObjectStorer, top int, p string) (gitWorkFile,
 		}
 		return f, f.storeFile(s, dir, base)
 	default:
-		return f, fmt.Errorf("%q is a %s; git stores only files, symlinks and directories", p, diffTypeName(f.st.Mode))
+		return f, fmt.Errorf("%q is a %s; git stores only files, symlinks and directories", p, layers.TypeName(f.st.Mode))
 	}
 	return f, nil
 }

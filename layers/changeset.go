@@ -199,10 +199,10 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	case !inOv && !inLo:
 		return c, false, nil
 	case !inOv:
-		c.Kind, c.Type = Deleted, typeName(lo.st.Mode)
+		c.Kind, c.Type = Deleted, TypeName(lo.st.Mode)
 		return c, true, nil
 	}
-	c.Type = typeName(ov.Stat.Mode)
+	c.Type = TypeName(ov.Stat.Mode)
 	if from, ok := t.from[p]; ok && from != p {
 		if inLo && l.cameFrom(&ov, from) {
 			c.Kind, c.From = Renamed, from
@@ -369,7 +369,8 @@ func (l *Layers) resolveLower(p string) (*lowerHit, bool, error) {
 	return nil, false, nil
 }
 
-func typeName(mode uint32) string {
+// TypeName is the type word of a mode, as in Change.Type.
+func TypeName(mode uint32) string {
 	switch mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		return "file"

@@ -69,19 +69,11 @@ func runDiff(c *cli.Context) error {
 	if c.Int("unified") < 0 {
 		return failf(exitUsage, "-U %d: the context must be 0 or more lines", c.Int("unified"))
 	}
-	mounts, err := readMountinfo()
+	sb, err := lookupSandbox(args[0])
 	if err != nil {
 		return err
 	}
-	work, err := findSandbox(mounts, args[0])
-	if err != nil {
-		return err
-	}
-	m, err := layers.ReadMeta(work)
-	if err != nil {
-		return failf(exitNotSbxfs, "%v; is %s an sbxfs sandbox?", err, args[0])
-	}
-	cfg := m.Config(work)
+	cfg, work := sb.cfg, sb.work
 	cs, err := layers.Changes(cfg)
 	if err != nil {
 		return fmt.Errorf("compute the changes of %s: %w", work, err)

@@ -82,15 +82,7 @@ func runRecover(c *cli.Context) error {
 	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
 		return err
 	}
-	mounts, err := readMountinfo()
-	if err != nil {
-		return err
-	}
-	work, err := findSandbox(mounts, args[0])
-	if err != nil {
-		return err
-	}
-	sb, err := openSandboxAt(work)
+	sb, err := lookupSandbox(args[0])
 	if err != nil {
 		return err
 	}

@@ -65,25 +65,18 @@ func runStatus(c *cli.Context) error {
 	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
 		return err
 	}
-	mounts, err := readMountinfo()
+	sb, err := lookupSandbox(args[0])
 	if err != nil {
 		return err
 	}
-	work, err := findSandbox(mounts, args[0])
-	if err != nil {
-		return err
-	}
-	m, err := layers.ReadMeta(work)
-	if err != nil {
-		return failf(exitNotSbxfs, "%v; is %s an sbxfs sandbox?", err, args[0])
-	}
-	cs, err := layers.Changes(m.Config(work))
+	work, m := sb.work, sb.meta
+	cs, err := layers.Changes(sb.cfg)
 	if err != nil {
 		return fmt.Errorf("compute the changes of %s: %w", work, err)
 	}
 	st := statusJSON{Original: m.Lowers[0], Lowers: m.Lowers, Upper: m.Upper, Work: work, Changes: []changeJSON{}}
-	if e := sbxfsMountOf(mounts, work); e != nil {
-		st.Mounted, st.Mountpoint = true, e.Mountpoint
+	if sb.mount != nil {
+		st.Mounted, st.Mountpoint = true, sb.mount.Mountpoint
 	}
 	for _, ch := range cs.Changes {
 		st.Changes = append(st.Changes, toChangeJSON(ch))

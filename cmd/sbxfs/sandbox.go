@@ -25,19 +25,10 @@ type sandbox struct {
 // directory or a work directory) and finishes any interrupted commit of it
 // first, saying so on w.
 func openSandbox(arg string, w io.Writer) (*sandbox, error) {
-	mounts, err := readMountinfo()
+	sb, err := lookupSandbox(arg)
 	if err != nil {
 		return nil, err
 	}
-	work, err := findSandbox(mounts, arg)
-	if err != nil {
-		return nil, err
-	}
-	sb, err := openSandboxAt(work)
-	if err != nil {
-		return nil, err
-	}
-	sb.mount = sbxfsMountOf(mounts, work)
 	rec, err := commit.Recover(sb.cfg, commit.RecoverOptions{})
 	if err != nil {
 		return nil, commitFailure(err)
@@ -144,6 +135,25 @@ func freeze(ctl *manager.Control, wait time.Duration) error {
 		return failf(exitBusy, "%v; close them, or give --wait", err)
 	}
 	return nil
+}
+
+// lookupSandbox finds the sandbox arg names and whether it is mounted,
+// without recovering anything (for read-only commands).
+func lookupSandbox(arg string) (*sandbox, error) {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return nil, err
+	}
+	work, err := findSandbox(mounts, arg)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := openSandboxAt(work)
+	if err != nil {
+		return nil, err
+	}
+	sb.mount = sbxfsMountOf(mounts, work)
+	return sb, nil
 }
 
 // openSandboxAt reads the record of the sandbox whose work directory is work.
