@@ -105,11 +105,12 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	fd := h.fd
 	h.fd = -1
 	h.mu.Unlock()
+	h.n.mu.Lock()
+	delete(h.n.open, h)
 	if h.counted {
-		h.n.mu.Lock()
 		h.n.cached--
-		h.n.mu.Unlock()
 	}
+	h.n.mu.Unlock()
 	if fd < 0 {
 		return syscall.EBADF
 	}

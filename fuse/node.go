@@ -40,6 +40,37 @@ type node struct {
 	// open, new handles are not passthrough either: the kernel refuses to
 	// mix the two modes on one inode.
 	cached int
+	// open holds the node's open handles, so a node unlinked while open
+	// can still be changed through one of them.
+	open map[*handle]bool
+}
+
+// openFd returns the descriptor of an open upper handle of n, or -1: the
+// way to reach a file that is no longer reachable by path.
+func (n *node) openFd() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for h := range n.open {
+		h.mu.RLock()
+		fd, up := h.fd, h.upper
+		h.mu.RUnlock()
+		if up && fd >= 0 {
+			return fd
+		}
+	}
+	return -1
+}
+
+// target says how to reach n: by path, or (unlinked while open) through
+// an open upper descriptor. errno is ENOENT when neither works.
+func (n *node) target() (rel string, fd int, errno syscall.Errno) {
+	if rel, ok := n.rel(); ok {
+		return rel, -1, 0
+	}
+	if fd := n.openFd(); fd >= 0 {
+		return "", fd, 0
+	}
+	return "", -1, syscall.ENOENT
 }
 
 func (fs *filesystem) newRoot() (*node, error) {
@@ -162,11 +193,15 @@ func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.Att
 	if h, ok := f.(fileHandle); ok && h.h().upper {
 		err = unix.Fstat(h.h().fd, &st)
 	} else {
-		rel, ok := n.rel()
-		if !ok {
-			return syscall.ENOENT
+		rel, fd, errno := n.target()
+		switch {
+		case errno != 0:
+			return errno
+		case fd >= 0:
+			err = unix.Fstat(fd, &st)
+		default:
+			st, err = n.fs.layers.Stat(rel, n.getObj())
 		}
-		st, err = n.fs.layers.Stat(rel, n.getObj())
 	}
 	if err != nil {
 		return n.fs.toErrno("getattr", err)
@@ -179,13 +214,11 @@ var _ = (fusefs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	defer n.fs.enter()()
-	fd := -1
+	rel, fd, errno := n.target()
 	if h, ok := f.(fileHandle); ok && h.h().upper {
 		fd = h.h().fd
-	}
-	rel, ok := n.rel()
-	if !ok && fd < 0 {
-		return syscall.ENOENT
+	} else if errno != 0 {
+		return errno
 	}
 	n.mu.Lock()
 	st, err := n.fs.layers.Setattr(rel, &n.obj, fd, toSetAttr(in), caller(ctx))

@@ -71,6 +71,10 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 // the upper copy once the file has been copied up.
 func (n *node) newHandleLocked(fd int, upper bool) (fusefs.FileHandle, uint32) {
 	h := &handle{n: n, fd: fd, upper: upper}
+	if n.open == nil {
+		n.open = map[*handle]bool{}
+	}
+	n.open[h] = true
 	if upper && n.fs.passthrough && n.cached == 0 {
 		return &ptFile{h}, 0
 	}

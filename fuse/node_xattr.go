@@ -11,11 +11,17 @@ import (
 var _ = (fusefs.NodeGetxattrer)((*node)(nil))
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	rel, ok := n.rel()
-	if !ok {
-		return 0, syscall.ENOENT
+	rel, fd, errno := n.target()
+	if errno != 0 {
+		return 0, errno
 	}
-	sz, err := n.fs.layers.Getxattr(rel, n.getObj(), attr, dest)
+	var sz int
+	var err error
+	if fd >= 0 {
+		sz, err = n.fs.layers.GetxattrFd(fd, attr, dest)
+	} else {
+		sz, err = n.fs.layers.Getxattr(rel, n.getObj(), attr, dest)
+	}
 	if err != nil {
 		return 0, n.fs.toErrno("getxattr", err)
 	}
@@ -25,11 +31,17 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 var _ = (fusefs.NodeListxattrer)((*node)(nil))
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	rel, ok := n.rel()
-	if !ok {
-		return 0, syscall.ENOENT
+	rel, fd, errno := n.target()
+	if errno != 0 {
+		return 0, errno
 	}
-	names, err := n.fs.layers.Listxattr(rel, n.getObj())
+	var names []string
+	var err error
+	if fd >= 0 {
+		names, err = n.fs.layers.ListxattrFd(fd)
+	} else {
+		names, err = n.fs.layers.Listxattr(rel, n.getObj())
+	}
 	if err != nil {
 		return 0, n.fs.toErrno("listxattr", err)
 	}
@@ -51,9 +63,12 @@ var _ = (fusefs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	defer n.fs.enter()()
-	rel, ok := n.rel()
-	if !ok {
-		return syscall.ENOENT
+	rel, fd, errno := n.target()
+	if errno != 0 {
+		return errno
+	}
+	if fd >= 0 {
+		return n.fs.toErrno("setxattr", n.fs.layers.SetxattrFd(fd, attr, data, int(flags)))
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -64,9 +79,12 @@ var _ = (fusefs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	defer n.fs.enter()()
-	rel, ok := n.rel()
-	if !ok {
-		return syscall.ENOENT
+	rel, fd, errno := n.target()
+	if errno != 0 {
+		return errno
+	}
+	if fd >= 0 {
+		return n.fs.toErrno("removexattr", n.fs.layers.RemovexattrFd(fd, attr))
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

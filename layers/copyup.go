@@ -94,6 +94,12 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 		}
 		return err
 	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		// Moving a directory to another parent rewrites its ".." entry,
+		// which moves its mtime: put the original's times back.
+		ts := []unix.Timespec{st.Atim, st.Mtim}
+		return unix.UtimesNanoAt(unix.AT_FDCWD, l.UpperPath(rel), ts, unix.AT_SYMLINK_NOFOLLOW)
+	}
 	return nil
 }
 

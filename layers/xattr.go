@@ -157,3 +157,46 @@ func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
 	}
 	return unix.Lremovexattr(l.UpperPath(rel), name)
 }
+
+// The Fd variants act on an open upper descriptor: they reach a file that
+// was unlinked while open (its changes are gone with it, so none is
+// journaled).
+
+// GetxattrFd reads a user-visible attribute through fd.
+func (l *Layers) GetxattrFd(fd int, name string, dest []byte) (int, error) {
+	if l.Private(name) {
+		return 0, unix.ENODATA
+	}
+	return unix.Fgetxattr(fd, name, dest)
+}
+
+// ListxattrFd lists the user-visible attribute names through fd.
+func (l *Layers) ListxattrFd(fd int) ([]string, error) {
+	names, err := fsutil.ListXattrs(fd)
+	if err != nil {
+		return nil, err
+	}
+	out := names[:0]
+	for _, n := range names {
+		if !l.Private(n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// SetxattrFd sets an attribute through fd.
+func (l *Layers) SetxattrFd(fd int, name string, value []byte, flags int) error {
+	if l.Private(name) {
+		return unix.EPERM
+	}
+	return unix.Fsetxattr(fd, name, value, flags)
+}
+
+// RemovexattrFd removes an attribute through fd.
+func (l *Layers) RemovexattrFd(fd int, name string) error {
+	if l.Private(name) {
+		return unix.ENODATA
+	}
+	return unix.Fremovexattr(fd, name)
+}
