@@ -128,6 +128,11 @@ func (x *Txn) undo(s *step) error {
 	return nil
 }
 
+// Close releases the transaction's descriptors and its sandbox lock. Undo
+// and Finish do so themselves on success; after a failed Undo the caller
+// may retry Undo, or Close and leave the rest to Recover.
+func (x *Txn) Close() { x.close() }
+
 // MarkCommitted is the commit point: the original's filesystem is synced,
 // then the undo log says "committed". After it, recovery finishes the
 // transaction instead of undoing it.
@@ -156,6 +161,9 @@ func (x *Txn) Finish() error {
 		}
 	}
 	x.fault("cleaned")
+	if err := ForgetBases(x.work); err != nil {
+		return &Error{Stage: StageFinish, Err: err}
+	}
 	if err := removeUndoLog(x.work); err != nil {
 		return &Error{Stage: StageFinish, Err: err}
 	}

@@ -69,3 +69,13 @@ func (x *Txn) rebase() error {
 	}
 	return fsutil.WriteFileAtomic(filepath.Join(x.work, rebaseName), b, 0o600)
 }
+
+// ForgetBases drops the signatures an undo recorded: after a successful
+// commit, or when the sandbox is emptied, they describe nothing any more.
+func ForgetBases(work string) error {
+	err := os.Remove(filepath.Join(work, rebaseName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}

@@ -71,6 +71,9 @@ func (e *BusyError) Error() string {
 	return fmt.Sprintf("files are open for writing in the sandbox: %s", strings.Join(e.Paths, ", "))
 }
 
+// releaseGrace is the least time Freeze waits for writers to go away.
+const releaseGrace = 250 * time.Millisecond
+
 // ErrNotFrozen is returned by Reset on a mount that is not frozen.
 var ErrNotFrozen = errors.New("the sandbox is not frozen")
 
@@ -84,7 +87,9 @@ func (s *Server) Freeze(wait time.Duration) error {
 		return nil
 	}
 	s.fs.gate.mu.Lock()
-	deadline := time.Now().Add(wait)
+	// The kernel releases a closed file asynchronously: a file closed just
+	// before the freeze may still be counted for a moment.
+	deadline := time.Now().Add(max(wait, releaseGrace))
 	for {
 		busy := s.fs.writers.paths()
 		if len(busy) == 0 {

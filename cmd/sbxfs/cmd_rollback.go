@@ -50,6 +50,9 @@ func runRollback(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "rolled back; %s is unchanged\n", sb.meta.Lowers[0])
 		return nil
 	}
+	if err := commit.ForgetBases(sb.work); err != nil {
+		return err
+	}
 	if ctl == nil {
 		return sb.resetOnDisk()
 	}

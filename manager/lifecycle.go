@@ -1,0 +1,188 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// RollbackPlan discards the changes of every active sandbox of plan; the
+// originals are untouched. Without keep the sandboxes are unmounted and
+// their directories removed (rolled back); with keep they stay, empty and
+// active, for re-use. It goes on past a failure and reports each.
+func (m *Manager) RollbackPlan(ctx context.Context, plan string, keep bool) (*BatchResult, error) {
+	return m.rollback(ctx, plan, "", keep)
+}
+
+// Rollback rolls back the one sandbox id (see RollbackPlan).
+func (m *Manager) Rollback(ctx context.Context, id string, keep bool) (*BatchResult, error) {
+	r, ok := m.get(id)
+	if !ok {
+		return (&BatchResult{Op: "rollback " + id, Err: fmt.Errorf("%w: %s", ErrNotFound, id)}).finish()
+	}
+	return m.rollback(ctx, r.Plan, id, keep)
+}
+
+func (m *Manager) rollback(ctx context.Context, plan, only string, keep bool) (*BatchResult, error) {
+	res := &BatchResult{Op: "rollback plan " + plan}
+	if only != "" {
+		res.Op = "rollback " + only
+	}
+	leave, err := m.enter()
+	if err != nil {
+		res.Err = err
+		return res.finish()
+	}
+	defer leave()
+	unlock, err := m.lockPlan(ctx, plan)
+	if err != nil {
+		res.Err = err
+		return res.finish()
+	}
+	defer unlock()
+	if err := m.settlePlan(plan); err != nil {
+		m.log.Warn("an earlier commit of the plan is unsettled; its sandboxes are not rolled back", "plan", plan, "err", err)
+	}
+	for _, r := range m.snapshot(plan) {
+		switch {
+		case only != "" && r.ID != only:
+		case r.State == Active:
+			if err := m.rollbackOne(&r, keep); err != nil {
+				res.fail(r.ID, err)
+			} else {
+				res.Done = append(res.Done, r.ID)
+			}
+		case only != "":
+			res.fail(r.ID, fmt.Errorf("%w: it is %s", ErrNotActive, r.State))
+		}
+	}
+	return res.finish()
+}
+
+func (m *Manager) rollbackOne(r *record, keep bool) error {
+	if hasUndoLog(m.work(r.ID)) {
+		return fmt.Errorf("%w: its changes are kept until it is recovered", ErrInterrupted)
+	}
+	if keep {
+		if err := m.reset(&participant{rec: *r, closeCtl: func() {}}); err != nil {
+			return err
+		}
+		if err := r.move(RolledBack); err != nil {
+			return err
+		}
+		r.Error = ""
+		return m.moveSave(r, Active)
+	}
+	if err := m.unmountSandbox(r, false); err != nil {
+		return err
+	}
+	if err := m.purgeDirs(r); err != nil {
+		return err
+	}
+	r.Error = ""
+	return m.moveSave(r, RolledBack)
+}
+
+// Destroy unmounts sandbox id (lazily when busy), removes every directory
+// it made and leaves its record, cleaned up. Destroying a cleaned-up
+// sandbox does nothing. A sandbox holding an interrupted commit that
+// cannot be recovered is refused: its undo log and backups are kept.
+func (m *Manager) Destroy(ctx context.Context, id string) error {
+	leave, err := m.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
+	return m.destroyID(ctx, id)
+}
+
+func (m *Manager) destroyID(ctx context.Context, id string) error {
+	r, ok := m.get(id)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	unlock, err := m.lockPlan(ctx, r.Plan)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if r, ok = m.get(id); !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return m.destroy(&r)
+}
+
+// destroy purges r under its plan's lock.
+func (m *Manager) destroy(r *record) error {
+	if r.State == CleanedUp {
+		return nil
+	}
+	if hasUndoLog(m.work(r.ID)) {
+		if err := m.settlePlan(r.Plan); err != nil {
+			return err
+		}
+	}
+	if err := m.unmountSandbox(r, true); err != nil {
+		return err
+	}
+	if err := m.purgeDirs(r); err != nil {
+		return err
+	}
+	r.Error = ""
+	if err := m.moveSave(r, CleanedUp); err != nil {
+		return err
+	}
+	m.log.Info("sandbox destroyed", "sandbox", r.ID)
+	return nil
+}
+
+// DestroyPlan destroys every sandbox of plan, going on past failures.
+func (m *Manager) DestroyPlan(ctx context.Context, plan string) (*BatchResult, error) {
+	res := &BatchResult{Op: "destroy plan " + plan}
+	leave, err := m.enter()
+	if err != nil {
+		res.Err = err
+		return res.finish()
+	}
+	defer leave()
+	unlock, err := m.lockPlan(ctx, plan)
+	if err != nil {
+		res.Err = err
+		return res.finish()
+	}
+	defer unlock()
+	for _, r := range m.snapshot(plan) {
+		if r.State == CleanedUp {
+			continue
+		}
+		if err := m.destroy(&r); err != nil {
+			res.fail(r.ID, err)
+		} else {
+			res.Done = append(res.Done, r.ID)
+		}
+	}
+	return res.finish()
+}
+
+// purgeDirs removes r's upper and work directories and the mountpoint the
+// manager made (rmdir only: never through a mount). A work directory
+// holding an undo log is refused: it may hold the only backups of an
+// original.
+func (m *Manager) purgeDirs(r *record) error {
+	if hasUndoLog(m.work(r.ID)) {
+		return fmt.Errorf("%w: %s is kept", ErrInterrupted, m.work(r.ID))
+	}
+	var errs []error
+	for _, d := range []string{m.upper(r.ID), m.work(r.ID)} {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.OwnMount {
+		if err := os.Remove(r.Mountpoint); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

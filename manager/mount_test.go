@@ -1,0 +1,209 @@
+package manager
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// daemon is a testdaemon process serving one mounted sandbox: this test
+// process only uses the mount, never serves it.
+type daemon struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines chan string
+	id    string
+	mnt   string
+}
+
+type daemonAnswer struct {
+	Result struct {
+		Committed []string `json:"committed"`
+		Done      []string `json:"done"`
+	} `json:"result"`
+	Err string `json:"err"`
+}
+
+func startDaemon(t *testing.T, root, orig string) *daemon {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	bin := filepath.Join(t.TempDir(), "testdaemon")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(gobin, "build", "-o", bin, "./internal/testdaemon").CombinedOutput()
+	require.NoError(t, err, "build testdaemon: %s", out)
+	d := &daemon{t: t, cmd: exec.Command(bin, root, orig), lines: make(chan string, 16)}
+	d.cmd.Stderr = &testWriter{t}
+	d.in, err = d.cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := d.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, d.cmd.Start())
+	t.Cleanup(d.stop)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			d.lines <- sc.Text()
+		}
+		close(d.lines)
+	}()
+	f := strings.Fields(d.next("READY"))
+	require.Len(t, f, 3)
+	d.id, d.mnt = f[1], f[2]
+	return d
+}
+
+// next returns the next line starting with prefix.
+func (d *daemon) next(prefix string) string {
+	d.t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-d.lines:
+			require.True(d.t, ok, "the daemon exited before %s", prefix)
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+			d.t.Logf("daemon (skipped, waiting for %s): %s", prefix, l)
+		case <-timeout:
+			d.t.Fatalf("no %s from the daemon", prefix)
+		}
+	}
+}
+
+func (d *daemon) send(cmd string) {
+	_, err := io.WriteString(d.in, cmd+"\n")
+	require.NoError(d.t, err)
+}
+
+func (d *daemon) answer() daemonAnswer {
+	var a daemonAnswer
+	require.NoError(d.t, json.Unmarshal([]byte(strings.TrimPrefix(d.next("RESULT "), "RESULT ")), &a))
+	return a
+}
+
+// stop ends the daemon: quit, then kill; a mount left behind is detached.
+func (d *daemon) stop() {
+	_ = d.in.Close()
+	done := make(chan struct{})
+	go func() { _ = d.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-done
+	}
+	if isStale(d.mnt) || mounted(d.mnt) {
+		_ = lazyDetach(d.mnt)
+	}
+}
+
+func mounted(mnt string) bool {
+	ms, _ := readMounts()
+	for _, e := range ms {
+		if e.Mountpoint == mnt {
+			return true
+		}
+	}
+	return false
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w *testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// A mounted sandbox commits with Freeze: a file open for writing makes
+// the commit fail (nothing applied, the mount thawed); a write made during
+// a commit waits, and lands in the kept sandbox, not in the original.
+func TestMountedSandboxCommitsFrozen(t *testing.T) {
+	root := t.TempDir()
+	orig := makeTree(t, fixtureFiles)
+	old := snapshot(t, orig)
+	d := startDaemon(t, root, orig)
+	require.NoError(t, os.WriteFile(filepath.Join(d.mnt, "f"), []byte("through the mount"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(d.mnt, "gone")))
+
+	open, err := os.OpenFile(filepath.Join(d.mnt, "busy"), os.O_CREATE|os.O_WRONLY, 0o644)
+	require.NoError(t, err)
+	d.send("commit")
+	a := d.answer()
+	assert.Contains(t, a.Err, "open for writing")
+	assert.Empty(t, a.Result.Committed)
+	assert.Equal(t, old, snapshot(t, orig), "nothing applied")
+	_, err = open.WriteString("still writable: thawed")
+	require.NoError(t, err)
+	require.NoError(t, open.Close())
+
+	// FUSE releases a closed file asynchronously: give the freeze a wait.
+	d.send("commit keep slow wait=5s")
+	d.next("INSIDE")
+	start := time.Now()
+	require.NoError(t, os.WriteFile(filepath.Join(d.mnt, "during"), []byte("d"), 0o644))
+	assert.Greater(t, time.Since(start), 200*time.Millisecond, "the write waited for the commit")
+	a = d.answer()
+	require.Empty(t, a.Err)
+	assert.Equal(t, []string{d.id}, a.Result.Committed)
+	assert.Equal(t, "through the mount", readFile(t, orig, "f"))
+	assert.Equal(t, "still writable: thawed", readFile(t, orig, "busy"))
+	assert.NoFileExists(t, filepath.Join(orig, "gone"))
+	assert.NoFileExists(t, filepath.Join(orig, "during"), "the write made during the commit is not in it")
+	assert.Equal(t, "d", readFile(t, d.mnt, "during"), "it is in the kept sandbox")
+	assert.Equal(t, "through the mount", readFile(t, d.mnt, "f"), "the mount shows the new original")
+
+	d.send("commit wait=5s")
+	a = d.answer()
+	require.Empty(t, a.Err)
+	assert.Equal(t, "d", readFile(t, orig, "during"))
+	assert.False(t, mounted(d.mnt), "unmounted after a commit without keep")
+	assert.NoDirExists(t, d.mnt)
+}
+
+// New mounts every active sandbox again: after a clean Close, and after
+// the serving process was killed (its stale mounts are detached first).
+func TestMountedSandboxSurvivesRestart(t *testing.T) {
+	root := t.TempDir()
+	orig := makeTree(t, fixtureFiles)
+	d1 := startDaemon(t, root, orig)
+	require.NoError(t, os.WriteFile(filepath.Join(d1.mnt, "x"), []byte("kept"), 0o644))
+	d1.send("quit")
+	d1.stop()
+	assert.False(t, mounted(d1.mnt), "Close unmounts")
+
+	d2 := startDaemon(t, root, orig)
+	assert.Equal(t, "kept", readFile(t, d1.mnt, "x"), "mounted again by the next manager")
+	require.NoError(t, d2.cmd.Process.Kill())
+	_ = d2.cmd.Wait()
+	assert.True(t, isStale(d1.mnt), "a killed server leaves stale mounts")
+	m := open(t, root) // not mounting: GC detaches the stale mounts
+	res, err := m.GC(ctx)
+	require.NoError(t, err)
+	assert.Subset(t, res.Done, []string{d1.id, d2.id})
+	assert.False(t, mounted(d1.mnt))
+	require.NoError(t, m.Close())
+
+	d3 := startDaemon(t, root, orig)
+	assert.Equal(t, "kept", readFile(t, d1.mnt, "x"), "the stale mount was replaced")
+	d3.send("commit wait=5s")
+	a := d3.answer()
+	require.Empty(t, a.Err)
+	assert.Len(t, a.Result.Committed, 3, "the three sandboxes of plan p")
+	assert.Equal(t, "kept", readFile(t, orig, "x"))
+	for _, mnt := range []string{d1.mnt, d2.mnt, d3.mnt} {
+		assert.False(t, mounted(mnt))
+	}
+}

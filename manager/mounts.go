@@ -1,0 +1,226 @@
+package manager
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fuse"
+)
+
+// mount is a sandbox this manager serves in-process.
+type mount struct {
+	srv  *fuse.Server
+	ctl  *ControlServer
+	done chan struct{} // closed once the server's Wait returned
+}
+
+// controller is whoever serves a sandbox: this process (a *fuse.Server)
+// or another one over the control socket.
+type controller interface {
+	Freeze(wait time.Duration) error
+	Thaw()
+	Reset() error
+	Unmount() error
+}
+
+// remote adapts a control connection to controller.
+type remote struct{ c *Control }
+
+func (r remote) Freeze(wait time.Duration) error { return r.c.Freeze(wait) }
+func (r remote) Thaw()                           { _ = r.c.Thaw() }
+func (r remote) Reset() error                    { return r.c.Reset() }
+func (r remote) Unmount() error                  { return r.c.Unmount() }
+
+// unmountWait bounds the wait for a server to finish after its unmount.
+const unmountWait = 10 * time.Second
+
+// mountSandbox mounts r in this process and serves its control socket.
+func (m *Manager) mountSandbox(r *record) error {
+	cfg, err := m.layersConfig(r.ID)
+	if err != nil {
+		return err
+	}
+	srv, err := fuse.Mount(fuse.Config{Layers: cfg, Mountpoint: r.Mountpoint, FsName: cfg.Work, Logger: m.log})
+	if err != nil {
+		return err
+	}
+	ctl, err := ServeControl(cfg.Work, srv)
+	if err != nil {
+		_ = srv.Unmount()
+		_ = srv.Wait()
+		return fmt.Errorf("serve the control socket: %w", err)
+	}
+	mt := &mount{srv: srv, ctl: ctl, done: make(chan struct{})}
+	unlock := m.lockRegistry()
+	m.mounts[r.ID] = mt
+	unlock()
+	go m.serveUntilUnmounted(r.ID, mt)
+	return nil
+}
+
+// serveUntilUnmounted waits for the mount to go away (unmounted by the
+// manager or from outside) and forgets it.
+func (m *Manager) serveUntilUnmounted(id string, mt *mount) {
+	if err := mt.srv.Wait(); err != nil {
+		m.log.Warn("closing the sandbox journal failed", "sandbox", id, "err", err)
+	}
+	_ = mt.ctl.Close()
+	unlock := m.lockRegistry()
+	if m.mounts[id] == mt {
+		delete(m.mounts, id)
+	}
+	unlock()
+	close(mt.done)
+}
+
+func (m *Manager) mountOf(id string) *mount {
+	unlock := m.lockRegistry()
+	defer unlock()
+	return m.mounts[id]
+}
+
+// controller returns whoever serves r, or nil when nobody does. close
+// ends a remote connection (which thaws what it froze).
+func (m *Manager) controller(r *record) (ctl controller, close func(), err error) {
+	if mt := m.mountOf(r.ID); mt != nil {
+		return mt.srv, func() {}, nil
+	}
+	c, err := DialControl(m.work(r.ID))
+	if errors.Is(err, ErrNoServer) || errors.Is(err, os.ErrNotExist) {
+		return nil, func() {}, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return remote{c}, func() { _ = c.Close() }, nil
+}
+
+// unmountSandbox takes r's mount down: the in-process server, a remote
+// server, or a stale mount whose server is gone. lazy detaches a busy
+// mount instead of failing.
+func (m *Manager) unmountSandbox(r *record, lazy bool) error {
+	if mt := m.mountOf(r.ID); mt != nil {
+		mt.srv.Thaw()
+		err := mt.srv.Unmount()
+		if err != nil && lazy {
+			m.log.Warn("the mount is busy; detaching it lazily", "sandbox", r.ID, "err", err)
+			err = lazyDetach(r.Mountpoint)
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-mt.done:
+		case <-time.After(unmountWait):
+			m.log.Warn("the sandbox's server has not finished after its unmount", "sandbox", r.ID)
+		}
+		return nil
+	}
+	ctl, closeCtl, err := m.controller(r)
+	if err != nil {
+		return err
+	}
+	defer closeCtl()
+	if ctl != nil {
+		if err := ctl.Unmount(); err != nil && !lazy {
+			return err
+		}
+	}
+	return m.detachStale(r, lazy)
+}
+
+// detachStale unmounts whatever is still mounted at r's mountpoint from
+// r's work directory (a server that died leaves such a mount behind).
+func (m *Manager) detachStale(r *record, lazy bool) error {
+	mounts, err := readMounts()
+	if err != nil {
+		return err
+	}
+	for _, e := range mounts {
+		if e.Mountpoint != r.Mountpoint || e.Source != m.work(r.ID) {
+			continue
+		}
+		if err := lazyDetach(e.Mountpoint); err != nil && lazy {
+			return err
+		}
+	}
+	return nil
+}
+
+// lazyDetach detaches mnt now; the kernel ends the mount once nothing
+// uses it.
+func lazyDetach(mnt string) error {
+	if os.Geteuid() == 0 {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach %s: %w", mnt, err)
+		}
+		return nil
+	}
+	out, err := exec.Command("fusermount3", "-u", "-z", mnt).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("fusermount3 -u -z %s: %v: %s", mnt, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
+	Mountpoint, FSType, Source string
+}
+
+// readMounts reads this mount namespace's table (proc(5)).
+func readMounts() ([]mountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		for i := 6; i+2 < len(fs); i++ {
+			if fs[i] == "-" {
+				out = append(out, mountEntry{Mountpoint: unescape(fs[4]), FSType: fs[i+1], Source: unescape(fs[i+2])})
+				break
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// unescape decodes mountinfo's \ooo octal escapes.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// isStale reports whether p is a mount whose server is gone. statfs, not
+// stat: the kernel answers stat from its attribute cache without asking
+// the (dead) server, statfs always asks.
+func isStale(p string) bool {
+	var st unix.Statfs_t
+	return errors.Is(unix.Statfs(p, &st), unix.ENOTCONN)
+}

@@ -1,0 +1,141 @@
+package manager
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/commit"
+)
+
+// The checks below follow cmd/sbxfs/checks.go (which the manager must not
+// import): every path resolved, no directory of a sandbox inside another.
+
+// resolveDir returns the absolute path of the existing directory p with
+// every symlink resolved.
+func resolveDir(role, p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("%w: no %s given", ErrInvalid, role)
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s %q: %v", ErrInvalid, role, p, err)
+	}
+	st, err := os.Stat(abs)
+	switch {
+	case errors.Is(err, unix.ENOTCONN):
+		return "", fmt.Errorf("%w: %s %q is a mount whose server is gone; unmount it first", ErrInvalid, role, abs)
+	case err != nil:
+		return "", fmt.Errorf("%w: %s: %v", ErrInvalid, role, err)
+	case !st.IsDir():
+		return "", fmt.Errorf("%w: %s %q is not a directory", ErrInvalid, role, abs)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %v", ErrInvalid, role, err)
+	}
+	return real, nil
+}
+
+// within reports whether p is dir or lies beneath it (both clean and
+// absolute).
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+// checkMountpoint refuses a given mountpoint that is already a mount
+// point or holds entries (the mount would hide them).
+func checkMountpoint(mnt string) error {
+	mounts, err := readMounts()
+	if err != nil {
+		return err
+	}
+	for _, e := range mounts {
+		if e.Mountpoint == mnt {
+			return fmt.Errorf("%w: mountpoint %q is already a mount point (%s from %s)", ErrInvalid, mnt, e.FSType, e.Source)
+		}
+	}
+	f, err := os.Open(mnt)
+	if err != nil {
+		return fmt.Errorf("%w: mountpoint: %v", ErrInvalid, err)
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != io.EOF {
+		if err != nil {
+			return fmt.Errorf("%w: mountpoint: %v", ErrInvalid, err)
+		}
+		return fmt.Errorf("%w: mountpoint %q is not empty", ErrInvalid, mnt)
+	}
+	return nil
+}
+
+// checkPlacement refuses a new sandbox whose directories collide with
+// each other, with the state root or with a live sandbox. A sandbox whose
+// original lies inside another sandbox's mountpoint is allowed: it is
+// nested, and commits before its parent. Call with the registry locked.
+func (m *Manager) checkPlacement(r *record) error {
+	switch {
+	case within(r.Mountpoint, r.Original):
+		return fmt.Errorf("%w: the mountpoint %q is inside the original %q", ErrInvalid, r.Mountpoint, r.Original)
+	case within(r.Original, r.Mountpoint):
+		return fmt.Errorf("%w: the original %q is inside the mountpoint %q", ErrInvalid, r.Original, r.Mountpoint)
+	case within(m.root, r.Original):
+		return fmt.Errorf("%w: the state root %q is inside the original %q: the sandbox would see its own upper", ErrInvalid, m.root, r.Original)
+	case !r.OwnMount && within(r.Mountpoint, m.root):
+		return fmt.Errorf("%w: the mountpoint %q is inside the state root %q", ErrInvalid, r.Mountpoint, m.root)
+	}
+	nested := false
+	for _, o := range m.recs {
+		if o.State != Active && o.State != Pending {
+			continue
+		}
+		switch {
+		case r.Mountpoint == o.Mountpoint:
+			return fmt.Errorf("%w: mountpoint %q is used by sandbox %s", ErrInvalid, r.Mountpoint, o.ID)
+		case within(r.Mountpoint, o.Mountpoint), within(r.Mountpoint, o.Original):
+			return fmt.Errorf("%w: mountpoint %q is inside sandbox %s (%s over %s)", ErrInvalid, r.Mountpoint, o.ID, o.Mountpoint, o.Original)
+		case within(o.Mountpoint, r.Original) && o.Mountpoint != r.Original:
+			return fmt.Errorf("%w: original %q holds the mountpoint of sandbox %s (%s)", ErrInvalid, r.Original, o.ID, o.Mountpoint)
+		case within(r.Original, o.Mountpoint):
+			nested = true
+		}
+	}
+	if within(r.Original, m.root) && !nested {
+		return fmt.Errorf("%w: the original %q is inside the state root %q", ErrInvalid, r.Original, m.root)
+	}
+	return nil
+}
+
+// hasUndoLog reports whether the work directory holds an interrupted
+// commit's undo log.
+func hasUndoLog(work string) bool {
+	_, err := os.Lstat(filepath.Join(work, commit.UndoLogName))
+	return err == nil
+}
+
+// emptyDir removes every entry of dir, keeping dir itself.
+func emptyDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mkdirPrivate creates d with mode 0700 whatever the umask.
+func mkdirPrivate(d string) error {
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(d, 0o700)
+}

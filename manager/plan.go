@@ -1,0 +1,339 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// CommitOptions tune a plan commit.
+type CommitOptions struct {
+	Message string        // kept in each sandbox's undo log
+	Force   bool          // apply despite conflicts
+	Wait    time.Duration // how long a freeze waits for files open for writing to close
+	Keep    bool          // committed sandboxes stay (mounted), empty, instead of going away
+	// Fault, when set, is called at the named points of the plan protocol
+	// (tests kill the process or panic there): "prepared-all",
+	// "plan-recorded", "applied-<k>" (after the k-th sandbox, from 0, in
+	// commit order), "plan-committed", "finished".
+	Fault func(point string)
+}
+
+// participant is one sandbox in a plan commit.
+type participant struct {
+	rec      record
+	cfg      layers.Config
+	index    int // in commit order
+	ctl      controller
+	closeCtl func()
+	frozen   bool
+	txn      *commit.Txn
+	failed   error // its undo failed
+}
+
+// planCommit is one run of the plan commit protocol (docs/manager.md).
+type planCommit struct {
+	m      *Manager
+	opt    CommitOptions
+	res    *PlanResult
+	levels [][]*participant // children's level first; each level prepares, then applies
+	parts  []*participant   // commit order: the levels, concatenated
+	record planRecord
+}
+
+// CommitPlan commits every active sandbox of plan, all or nothing: on any
+// failure every applied sandbox is undone, in reverse order, and every
+// sandbox stays active with its changes, so the commit can be retried.
+// It holds the plan's lock throughout. Every outcome comes as one
+// *PlanResult; on failure the error is the same value as a *PlanError.
+func (m *Manager) CommitPlan(ctx context.Context, plan string, o CommitOptions) (*PlanResult, error) {
+	leave, err := m.enter()
+	if err != nil {
+		return (&PlanResult{Plan: plan, Err: err}).finish()
+	}
+	defer leave()
+	return m.commitPlan(ctx, plan, "", o)
+}
+
+// Commit commits the one sandbox id, as a plan of one, under its plan's
+// lock.
+func (m *Manager) Commit(ctx context.Context, id string, o CommitOptions) (*PlanResult, error) {
+	leave, err := m.enter()
+	if err != nil {
+		return (&PlanResult{Err: err}).finish()
+	}
+	defer leave()
+	r, ok := m.get(id)
+	if !ok {
+		return (&PlanResult{Err: fmt.Errorf("%w: %s", ErrNotFound, id)}).finish()
+	}
+	return m.commitPlan(ctx, r.Plan, id, o)
+}
+
+func (m *Manager) commitPlan(ctx context.Context, plan, only string, o CommitOptions) (*PlanResult, error) {
+	res := &PlanResult{Plan: plan}
+	unlock, err := m.lockPlan(ctx, plan)
+	if err != nil {
+		res.Err = err
+		return res.finish()
+	}
+	defer unlock()
+	if err := m.settlePlan(plan); err != nil {
+		res.Err = fmt.Errorf("an earlier commit of the plan is unsettled: %w", err)
+		return res.finish()
+	}
+	c := &planCommit{m: m, opt: o, res: res, record: planRecord{Plan: plan, State: planPrepared, Keep: o.Keep}}
+	if err := c.enlist(only); err != nil {
+		res.Err = err
+		return res.finish()
+	}
+	if len(c.parts) == 0 {
+		return res.finish()
+	}
+	start := time.Now()
+	c.run(ctx)
+	m.log.Info("plan commit", "plan", plan, "committed", res.Committed, "unchanged", res.RolledBack,
+		"rollback_failed", len(res.RollbackFailed), "err", res.Err, "took", since(start))
+	return res.finish()
+}
+
+// enlist gathers the plan's active sandboxes (or only the one named) in
+// commit order: nested sandboxes before their parents.
+func (c *planCommit) enlist(only string) error {
+	var act []record
+	for _, r := range c.m.snapshot(c.record.Plan) {
+		switch {
+		case only != "" && r.ID != only:
+		case r.State == Active:
+			act = append(act, r)
+		case only != "":
+			return fmt.Errorf("%w: sandbox %s is %s", ErrNotActive, r.ID, r.State)
+		}
+	}
+	levels, err := commitLevels(act)
+	if err != nil {
+		return err
+	}
+	for _, lv := range levels {
+		var ps []*participant
+		for _, r := range lv {
+			cfg, err := c.m.layersConfig(r.ID)
+			if err != nil {
+				return err
+			}
+			p := &participant{rec: r, cfg: cfg, index: len(c.parts), closeCtl: func() {}}
+			ps = append(ps, p)
+			c.parts = append(c.parts, p)
+		}
+		c.levels = append(c.levels, ps)
+	}
+	return nil
+}
+
+func (c *planCommit) run(ctx context.Context) {
+	defer c.release()
+	if err := c.applyAll(ctx); err != nil {
+		c.abort(err)
+		return
+	}
+	if !c.commitPoint() {
+		return
+	}
+	c.finish(c.fault("plan-committed"))
+}
+
+// applyAll runs each level: freeze and prepare its sandboxes, record the
+// plan, apply them in order. Nothing is undone here.
+func (c *planCommit) applyAll(ctx context.Context) error {
+	for _, lv := range c.levels {
+		for _, p := range lv {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := safely(func() error { return c.prepare(p) }); err != nil {
+				return fmt.Errorf("prepare sandbox %s: %w", p.rec.ID, err)
+			}
+		}
+		if err := safely(func() error { return checkOverlaps(c.parts) }); err != nil {
+			return err
+		}
+		if err := c.fault("prepared-all"); err != nil {
+			return err
+		}
+		if err := c.m.writePlanRecord(&c.record); err != nil {
+			return err
+		}
+		if err := c.fault("plan-recorded"); err != nil {
+			return err
+		}
+		for _, p := range lv {
+			if err := safely(p.txn.Apply); err != nil {
+				return fmt.Errorf("apply sandbox %s: %w", p.rec.ID, err)
+			}
+			if err := c.fault(fmt.Sprintf("applied-%d", p.index)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// prepare freezes p when someone serves it and prepares its transaction.
+func (c *planCommit) prepare(p *participant) error {
+	ctl, closeCtl, err := c.m.controller(&p.rec)
+	if err != nil {
+		return err
+	}
+	p.ctl, p.closeCtl = ctl, closeCtl
+	if ctl != nil {
+		if err := ctl.Freeze(c.opt.Wait); err != nil {
+			return err
+		}
+		p.frozen = true
+	}
+	x, err := commit.Prepare(p.cfg, commit.Options{Message: c.opt.Message, Force: c.opt.Force})
+	if err != nil {
+		return err
+	}
+	p.txn = x
+	c.record.Txns = append(c.record.Txns, planTxn{Sandbox: p.rec.ID, Txn: x.ID()})
+	return nil
+}
+
+// fault calls the test hook; a panic there is a failure like any other.
+func (c *planCommit) fault(point string) error {
+	if c.opt.Fault == nil {
+		return nil
+	}
+	return safely(func() error { c.opt.Fault(point); return nil })
+}
+
+// safely runs f and turns a panic into an error (PITFALLS 1): a failure
+// of any kind must reach the undo.
+func safely(f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v\n%s", v, debug.Stack())
+		}
+	}()
+	return f()
+}
+
+// abort undoes every prepared or applied transaction in reverse commit
+// order, going on past a failed undo, and sorts the sandboxes into
+// rolled back (original as before) and rollback failed.
+func (c *planCommit) abort(cause error) {
+	c.res.Err = cause
+	for i := len(c.parts) - 1; i >= 0; i-- {
+		p := c.parts[i]
+		if p.txn == nil {
+			continue
+		}
+		c.thawAround(p)
+		if err := safely(p.txn.Undo); err != nil {
+			p.failed = err
+			c.m.stuckTxn(p.rec.ID, p.txn)
+		}
+		p.txn = nil
+	}
+	for _, p := range c.parts {
+		if p.failed != nil {
+			c.res.RollbackFailed = append(c.res.RollbackFailed, Failure{ID: p.rec.ID, Err: p.failed})
+			c.m.note(&p.rec, "rollback after a failed plan commit failed: "+p.failed.Error())
+		} else {
+			c.res.RolledBack = append(c.res.RolledBack, p.rec.ID)
+		}
+	}
+	if len(c.res.RollbackFailed) == 0 {
+		if err := c.m.removePlanRecord(c.record.Plan); err != nil {
+			c.m.log.Warn("a prepared plan record stays (harmless: it decides undo)", "plan", c.record.Plan, "err", err)
+		}
+	}
+}
+
+// thawAround thaws the sandboxes whose mount holds p's original: p's undo
+// writes through them.
+func (c *planCommit) thawAround(p *participant) {
+	for _, q := range c.parts {
+		if q.frozen && within(p.rec.Original, q.rec.Mountpoint) {
+			q.ctl.Thaw()
+			q.frozen = false
+		}
+	}
+}
+
+// release thaws what is still frozen and closes the control connections.
+func (c *planCommit) release() {
+	for _, p := range c.parts {
+		if p.frozen {
+			p.ctl.Thaw()
+			p.frozen = false
+		}
+		p.closeCtl()
+	}
+}
+
+// commitPoint rewrites the plan record as committed: from here on the
+// plan is committed for every sandbox, after a crash too. It reports
+// whether the point was reached; if not, the plan is aborted.
+func (c *planCommit) commitPoint() bool {
+	c.record.State = planCommitted
+	err := c.m.writePlanRecord(&c.record)
+	if err == nil {
+		return true
+	}
+	// The record may or may not say committed now. Remove it: then undo is
+	// right. If even that fails, recovery must decide from what is on disk.
+	if rerr := c.m.removePlanRecord(c.record.Plan); rerr != nil {
+		c.res.Err = fmt.Errorf("the plan's commit point could not be written (%v) nor withdrawn (%v): restart the manager; its recovery decides for every sandbox", err, rerr)
+		for _, p := range c.parts {
+			c.res.RollbackFailed = append(c.res.RollbackFailed, Failure{ID: p.rec.ID, Err: ErrInterrupted})
+		}
+		return false
+	}
+	c.record.State = planPrepared
+	c.abort(err)
+	return false
+}
+
+// finish ends every transaction after the commit point and ends each
+// sandbox (reset and kept, or unmounted and removed). A failure here
+// cannot undo the commit: it is reported, and the plan record stays so
+// the next operation on the plan (or recovery) completes the work. failed
+// is a failure at the commit point's fault hook, if any.
+func (c *planCommit) finish(failed error) {
+	var errs []error
+	if failed != nil {
+		errs = append(errs, failed)
+	}
+	var unfinished []string
+	for _, p := range c.parts {
+		_ = safely(p.txn.MarkCommitted) // the plan record decides; this only helps a lone reader of the undo log
+		if err := safely(p.txn.Finish); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
+			unfinished = append(unfinished, p.rec.ID)
+		}
+		c.res.Committed = append(c.res.Committed, p.rec.ID)
+	}
+	if err := c.fault("finished"); err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range c.parts {
+		if err := safely(func() error { return c.m.afterCommit(p, c.opt.Keep) }); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
+			unfinished = append(unfinished, p.rec.ID)
+			c.m.note(&p.rec, "committed, but ending the sandbox failed (retried by the next operation on the plan): "+err.Error())
+		}
+	}
+	if err := c.m.narrowPlanRecord(&c.record, unfinished); err != nil {
+		c.m.log.Warn("the committed plan record could not be updated; the next operation on the plan does it", "plan", c.record.Plan, "err", err)
+	}
+	if len(errs) > 0 {
+		c.res.Err = fmt.Errorf("committed, but the cleanup failed (the next operation on the plan retries it): %w", errors.Join(errs...))
+	}
+}

@@ -1,0 +1,130 @@
+package manager
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Errors to match with errors.Is.
+var (
+	ErrLocked    = errors.New("another sbxfs manager uses this state root")
+	ErrClosed    = errors.New("the manager is closed")
+	ErrNotFound  = errors.New("no such sandbox")
+	ErrInvalid   = errors.New("invalid argument")
+	ErrNotActive = errors.New("the sandbox is not active")
+	// ErrOverlap says two sandboxes of one plan change the same path of
+	// the same original: applying both would silently keep only one.
+	ErrOverlap = errors.New("sandboxes of the plan change the same path")
+	// ErrInterrupted says a sandbox holds an interrupted commit that could
+	// not be finished or undone: its undo log and backups are kept.
+	ErrInterrupted = errors.New("the sandbox holds an interrupted commit")
+)
+
+// Failure is one sandbox that an operation could not handle, and why.
+type Failure struct {
+	ID  string `json:"id"`
+	Err error  `json:"-"`
+}
+
+func (f Failure) Error() string { return fmt.Sprintf("%s: %v", f.ID, f.Err) }
+
+// Unwrap gives the cause.
+func (f Failure) Unwrap() error { return f.Err }
+
+// PlanResult is the outcome of a plan commit, the same shape whether it
+// succeeded or failed.
+//
+//   - Committed: the sandboxes whose changes are in their originals, in
+//     commit order. On failure it is empty, unless the failure came after
+//     the plan's commit point (then Err says what was left to clean up).
+//   - RolledBack: the sandboxes whose originals are as before: never
+//     applied, or applied and undone. They stay Active with their changes,
+//     so the commit can be retried once the cause is fixed.
+//   - RollbackFailed: the sandboxes whose undo failed, each with its cause:
+//     their originals may be partly changed; their undo logs and backups
+//     are kept, and the next operation on the plan retries the undo.
+//   - Err: nil on success, else the first cause.
+type PlanResult struct {
+	Plan           string    `json:"plan"`
+	Committed      []string  `json:"committed"`
+	RolledBack     []string  `json:"rolled_back"`
+	RollbackFailed []Failure `json:"rollback_failed"`
+	Err            error     `json:"-"`
+}
+
+// PlanError is a failed plan commit: the very same value as the
+// PlanResult returned with it, as an error (errors.As).
+type PlanError PlanResult
+
+func (e *PlanError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "commit plan %s: %v", e.Plan, e.Err)
+	if len(e.Committed) > 0 {
+		fmt.Fprintf(&b, "; committed: %s", strings.Join(e.Committed, ", "))
+	}
+	if len(e.RolledBack) > 0 {
+		fmt.Fprintf(&b, "; unchanged: %s", strings.Join(e.RolledBack, ", "))
+	}
+	for _, f := range e.RollbackFailed {
+		fmt.Fprintf(&b, "; ROLLBACK FAILED for %s (its original may be partly changed, backups kept): %v", f.ID, f.Err)
+	}
+	return b.String()
+}
+
+func (e *PlanError) Unwrap() error { return e.Err }
+
+// Result is the PlanResult this error is.
+func (e *PlanError) Result() *PlanResult { return (*PlanResult)(e) }
+
+// finish returns the result and, when it failed, the same value as a
+// *PlanError: every caller gets both, whatever failed.
+func (r *PlanResult) finish() (*PlanResult, error) {
+	if r.Err == nil && len(r.RollbackFailed) > 0 {
+		r.Err = r.RollbackFailed[0]
+	}
+	if r.Err == nil {
+		return r, nil
+	}
+	return r, (*PlanError)(r)
+}
+
+// BatchResult is the outcome of an operation on several sandboxes that
+// goes on past failures (rollback, destroy, gc).
+type BatchResult struct {
+	Op     string    `json:"op"`
+	Done   []string  `json:"done"`
+	Failed []Failure `json:"failed"`
+	Err    error     `json:"-"`
+}
+
+// BatchError is a batch with failures: the same value as its BatchResult.
+type BatchError BatchResult
+
+func (e *BatchError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %v", e.Op, e.Err)
+	for _, f := range e.Failed {
+		fmt.Fprintf(&b, "; %v", f)
+	}
+	return b.String()
+}
+
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// Result is the BatchResult this error is.
+func (e *BatchError) Result() *BatchResult { return (*BatchResult)(e) }
+
+func (r *BatchResult) fail(id string, err error) {
+	r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+}
+
+func (r *BatchResult) finish() (*BatchResult, error) {
+	if r.Err == nil && len(r.Failed) > 0 {
+		r.Err = fmt.Errorf("%d of %d failed: %w", len(r.Failed), len(r.Failed)+len(r.Done), r.Failed[0])
+	}
+	if r.Err == nil {
+		return r, nil
+	}
+	return r, (*BatchError)(r)
+}
