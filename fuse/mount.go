@@ -126,6 +126,9 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 			MaxWrite:      1 << 20,
 			MaxBackground: 64,
 		},
+		// go-fuse would turn permission bits 0 into 0644 (0755 for
+		// directories); a mode 0 file must stay mode 0.
+		NullPermissions: true,
 		EntryTimeout:    &entry,
 		AttrTimeout:     &attr,
 		NegativeTimeout: &neg,

@@ -194,6 +194,13 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if err != nil {
 		return Change{}, false, err
 	}
+	if !inLo && cp != p {
+		// The renamed ancestor was not the original's (made in the
+		// sandbox): p has no counterpart elsewhere, only itself.
+		if lo, inLo, err = l.resolveLower(p); err != nil {
+			return Change{}, false, err
+		}
+	}
 	c := Change{Path: p}
 	switch {
 	case !inOv && !inLo:

@@ -86,6 +86,13 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 		removeTemp(tmp)
 		return err
 	}
+	// A copy-up is no change of the parent: keep its times (as overlayfs).
+	parent := filepath.Dir(l.UpperPath(rel))
+	var pst unix.Stat_t
+	if err := unix.Lstat(parent, &pst); err != nil {
+		removeTemp(tmp)
+		return err
+	}
 	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, l.UpperPath(rel), unix.RENAME_NOREPLACE)
 	if err != nil {
 		removeTemp(tmp)
@@ -98,9 +105,11 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 		// Moving a directory to another parent rewrites its ".." entry,
 		// which moves its mtime: put the original's times back.
 		ts := []unix.Timespec{st.Atim, st.Mtim}
-		return unix.UtimesNanoAt(unix.AT_FDCWD, l.UpperPath(rel), ts, unix.AT_SYMLINK_NOFOLLOW)
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, l.UpperPath(rel), ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
 	}
-	return nil
+	return unix.UtimesNanoAt(unix.AT_FDCWD, parent, []unix.Timespec{pst.Atim, pst.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 func removeTemp(path string) {

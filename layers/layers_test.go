@@ -292,3 +292,26 @@ func TestChangeSetNestedRenames(t *testing.T) {
 	}, cs.Changes)
 	assert.Equal(t, "1", s.read("r/f"))
 }
+
+func TestChangeSetRenameOntoDeletedName(t *testing.T) {
+	s := newStack(t, map[string]string{"a/x": "1", "b/y": "2"})
+	var o Obj
+	require.NoError(t, s.Unlink("b", s.dir("b"), "y", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "b", s.c))
+	require.NoError(t, s.Rename("", s.dir(""), "a", &o, "", s.dir(""), "b", 0, s.c))
+	assert.Equal(t, []string{"x"}, s.names("b"))
+	_, err := s.Mkdir("", s.dir(""), "c", 0o755, s.c)
+	require.NoError(t, err)
+	require.NoError(t, s.Unlink("b", s.dir("b"), "x", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "b", s.c))
+	require.NoError(t, s.Rename("", s.dir(""), "c", &o, "", s.dir(""), "b", 0, s.c))
+	assert.Empty(t, s.names("b"))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	var got []string
+	for _, c := range cs.Changes {
+		got = append(got, string(c.Kind)+" "+c.Path)
+	}
+	assert.Contains(t, got, "deleted a")
+	assert.Contains(t, got, "deleted b/y")
+}

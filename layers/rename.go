@@ -57,6 +57,9 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 	if err != nil {
 		return err
 	}
+	if !exists && se.IsDir() && l.isWhiteout(newRel) {
+		return l.moveDirOverWhiteout(oldRel, newRel, need, src)
+	}
 	rflags := uint(0)
 	if need {
 		rflags = unix.RENAME_WHITEOUT
@@ -157,4 +160,23 @@ func (l *Layers) clearTarget(rel string, te *Entry) error {
 		}
 	}
 	return nil
+}
+
+func (l *Layers) isWhiteout(rel string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(l.UpperPath(rel), &st) == nil && fsutil.IsWhiteout(&st)
+}
+
+// moveDirOverWhiteout moves a directory to a name whose lower entry was
+// deleted: one exchange puts the directory there and the whiteout at the
+// old name, where it stays if a lower entry needs hiding.
+func (l *Layers) moveDirOverWhiteout(oldRel, newRel string, need bool, src *Obj) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, l.UpperPath(oldRel), unix.AT_FDCWD, l.UpperPath(newRel), unix.RENAME_EXCHANGE); err != nil {
+		return err
+	}
+	src.Upper = true
+	if need {
+		return nil
+	}
+	return unix.Unlink(l.UpperPath(oldRel))
 }
