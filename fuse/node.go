@@ -43,6 +43,10 @@ type node struct {
 	// open holds the node's open handles, so a node unlinked while open
 	// can still be changed through one of them.
 	open map[*handle]bool
+	// last is a directory's last known attributes (lastOK when set), for
+	// an fstat after it was removed while open.
+	last   unix.Stat_t
+	lastOK bool
 }
 
 // openFd returns the descriptor of an open upper handle of n, or -1: the
@@ -123,6 +127,11 @@ func (n *node) newChild(ctx context.Context, e *layers.Entry, out *gofuse.EntryO
 	child := &node{fs: n.fs, obj: e.Obj}
 	ino := n.NewInode(ctx, child, fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino})
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
+	if cn, ok := ino.Operations().(*node); ok && e.IsDir() {
+		cn.mu.Lock()
+		cn.last, cn.lastOK = e.Stat, true
+		cn.mu.Unlock()
+	}
 	return ino
 }
 
@@ -188,26 +197,55 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 var _ = (fusefs.NodeGetattrer)((*node)(nil))
 
 func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
-	var st unix.Stat_t
-	var err error
-	if h, ok := f.(fileHandle); ok && h.h().upper {
-		err = unix.Fstat(h.h().fd, &st)
-	} else {
-		rel, fd, errno := n.target()
-		switch {
-		case errno != 0:
-			return errno
-		case fd >= 0:
-			err = unix.Fstat(fd, &st)
-		default:
-			st, err = n.fs.layers.Stat(rel, n.getObj())
-		}
-	}
+	st, err := n.stat(f)
 	if err != nil {
 		return n.fs.toErrno("getattr", err)
 	}
 	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
 	return 0
+}
+
+// stat returns n's attributes: through the open file when there is one
+// (a file unlinked while open, or an original file open read-only), by
+// path otherwise. A directory removed while open keeps its last known
+// attributes, with no link left, as on ext4.
+func (n *node) stat(f fusefs.FileHandle) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	if h, ok := f.(fileHandle); ok {
+		hh := h.h()
+		hh.switchToUpper()
+		hh.mu.RLock()
+		err := unix.Fstat(hh.fd, &st)
+		upper := hh.upper
+		hh.mu.RUnlock()
+		if _, reachable := n.rel(); err == nil && !upper && !reachable {
+			st.Nlink = 0 // unlinked in the sandbox; the original keeps its link
+		}
+		return st, err
+	}
+	rel, fd, errno := n.target()
+	var err error
+	switch {
+	case errno != 0:
+		n.mu.Lock()
+		st, ok := n.last, n.lastOK
+		n.mu.Unlock()
+		if !ok {
+			return st, errno
+		}
+		st.Nlink = 0
+		return st, nil
+	case fd >= 0:
+		err = unix.Fstat(fd, &st)
+	default:
+		st, err = n.fs.layers.Stat(rel, n.getObj())
+	}
+	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		n.mu.Lock()
+		n.last, n.lastOK = st, true
+		n.mu.Unlock()
+	}
+	return st, err
 }
 
 var _ = (fusefs.NodeSetattrer)((*node)(nil))
