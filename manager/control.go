@@ -46,9 +46,10 @@ type response struct {
 
 // ControlServer answers control requests for one mount.
 type ControlServer struct {
-	ln net.Listener
-	c  Controlled
-	wg sync.WaitGroup
+	ln   net.Listener
+	path string
+	c    Controlled
+	wg   sync.WaitGroup
 }
 
 // sockPath reaches name in dir through a descriptor, so the socket path
@@ -77,7 +78,10 @@ func ServeControl(work string, c Controlled) (*ControlServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	s := &ControlServer{ln: ln, c: c}
+	// Close would unlink by the /proc/self/fd path, whose descriptor is
+	// closed (and maybe reused) by then: remove by the real path instead.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	s := &ControlServer{ln: ln, c: c, path: filepath.Join(work, ControlSocket)}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -148,7 +152,11 @@ func (s *ControlServer) serve(conn net.Conn) {
 
 // Close stops answering (open connections end with their clients).
 func (s *ControlServer) Close() error {
-	return s.ln.Close()
+	err := s.ln.Close()
+	if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+		err = rerr
+	}
+	return err
 }
 
 // Control is a connection to a serving process.

@@ -28,6 +28,12 @@ import (
 //	      backups are kept when something could not be
 //	9     'sbxfs diff --exit-code': the sandbox has changes (git uses 1,
 //	      which here already means an internal error)
+//	10    a managed sandbox is in a state that forbids the operation (it
+//	      was committed, rolled back or destroyed: see 'sbxfs list')
+//
+// 'sbxfs run' exits with the status of its command (128+N when a signal
+// N killed it) once the sandbox is committed or rolled back; the codes
+// above when sbxfs itself fails.
 const (
 	exitOK           = 0
 	exitInternal     = 1
@@ -39,6 +45,7 @@ const (
 	exitConflict     = 7
 	exitCommitFailed = 8
 	exitChanges      = 9
+	exitState        = 10
 )
 
 // exitError is an error that carries the exit code main must use. Its

@@ -85,13 +85,16 @@ $XDG_STATE_HOME/sbxfs or ~/.local/state/sbxfs.
 
 Exit codes: 0 ok, 1 internal error, 2 usage, 3 bad path, 4 busy or
 already mounted, 5 mount failed, 6 not an sbxfs mount or sandbox,
-7 commit refused by conflicts, 8 commit failed.`,
+7 commit refused by conflicts, 8 commit failed, 9 diff --exit-code found
+changes, 10 the sandbox's state forbids the operation. 'sbxfs run' exits
+with its command's status.`,
 		Version: buildVersion(),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Usage: "keep new sandboxes under `DIR`"},
 		},
 		Commands: []*cli.Command{mountCommand(), unmountCommand(), statusCommand(),
-			commitCommand(), rollbackCommand(), recoverCommand(), diffCommand()},
+			withManagedCommit(commitCommand()), withManagedRollback(rollbackCommand()), recoverCommand(), diffCommand(),
+			createCommand(), listCommand(), destroyCommand(), gcCommand(), runCommand(), daemonCommand()},
 		Action:         rootAction,
 		OnUsageError:   onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {}, // main reports errors

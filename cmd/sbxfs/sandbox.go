@@ -71,12 +71,12 @@ func (sb *sandbox) end(ctl *manager.Control) error {
 		} else {
 			err = unmount(sb.mount.Mountpoint, false)
 		}
-		if err == nil || delay > time.Second {
+		if err == nil || delay > time.Second || !sb.stillMounted() {
 			break
 		}
 		time.Sleep(delay)
 	}
-	if err != nil {
+	if err != nil && sb.stillMounted() {
 		return err
 	}
 	if pid := waitServerExit(sb.work, serverExitTimeout); pid != 0 {
@@ -163,4 +163,14 @@ func openSandboxAt(work string) (*sandbox, error) {
 		return nil, failf(exitNotSbxfs, "%v; is %s an sbxfs sandbox?", err, work)
 	}
 	return &sandbox{work: work, meta: m, cfg: m.Config(work)}, nil
+}
+
+// stillMounted reports whether the sandbox's mount is still there (an
+// unmount request can fail in its answer after the server went away).
+func (sb *sandbox) stillMounted() bool {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return true
+	}
+	return sbxfsMountOf(mounts, sb.work) != nil
 }

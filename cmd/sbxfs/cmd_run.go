@@ -1,0 +1,192 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/sbxfs/sbxfs/manager"
+)
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run a command in a fresh sandbox of ORIGINAL, then commit or discard its changes",
+		ArgsUsage: "ORIGINAL -- CMD [ARGS...]",
+		Description: `Creates a managed sandbox of ORIGINAL, runs CMD with its working directory
+inside the mount (the same subdirectory when the current directory lies in
+ORIGINAL; $SBXFS_SANDBOX and $SBXFS_MOUNTPOINT name the sandbox), with
+stdin, stdout and stderr passed through. Then, with --commit-on-success
+and when CMD exited 0, commits its changes to ORIGINAL; otherwise destroys
+the sandbox: ORIGINAL is unchanged.
+
+Exits with CMD's status (128+N when signal N killed it; 127 when it could
+not be started), or with sbxfs's own code when sbxfs fails (7: the commit
+met conflicts; the sandbox is then kept, mounted, to commit with --force or
+destroy). SIGTERM and SIGHUP are passed on to CMD; SIGINT and SIGQUIT from
+the terminal reach it directly. With --json a summary is printed on
+stdout after CMD's output.`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "plan", Usage: "put the sandbox in plan `P`"},
+			&cli.StringFlag{Name: "name", Usage: "describe the sandbox as `NAME`"},
+			&cli.BoolFlag{Name: "commit-on-success", Usage: "commit the changes when CMD exits 0"},
+			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`"},
+			&cli.BoolFlag{Name: "json", Usage: "print a JSON summary after CMD's output"},
+		},
+		OnUsageError: onUsageError,
+		Action:       runRun,
+	}
+}
+
+// runJSON is the --json summary of sbxfs run.
+type runJSON struct {
+	ID         string    `json:"id"`
+	Mountpoint string    `json:"mountpoint"`
+	ExitCode   int       `json:"exit_code"`
+	Committed  bool      `json:"committed"`
+	Destroyed  bool      `json:"destroyed"`
+	Commit     *planJSON `json:"commit,omitempty"`
+	Error      string    `json:"error,omitempty"`
+}
+
+func runRun(c *cli.Context) error {
+	orig, argv, err := runArgs(c)
+	if err != nil {
+		return err
+	}
+	root, err := managedRoot(c)
+	if err != nil {
+		return err
+	}
+	var sb manager.Sandbox
+	err = withDaemon(c, func(d *manager.Daemon, root string) error {
+		sb, err = d.Create(manager.CreateOptions{Plan: c.String("plan"), Name: c.String("name"), Original: orig})
+		return daemonFailure(err, root, exitMountFailed)
+	})
+	if err != nil {
+		return err
+	}
+	out := runJSON{ID: sb.ID, Mountpoint: sb.Mountpoint}
+	out.ExitCode = runInSandbox(c, sb, argv)
+	// A new connection: the daemon may have been restarted meanwhile.
+	err = withDaemon(c, func(d *manager.Daemon, _ string) error {
+		return endRun(c, d, root, sb, argv, &out)
+	})
+	if err != nil {
+		out.Error = err.Error()
+	}
+	if c.Bool("json") {
+		if perr := printJSON(c.App.Writer, out); perr != nil && err == nil {
+			err = perr
+		}
+	}
+	if err == nil && out.ExitCode != 0 {
+		err = failf(out.ExitCode, "%s exited with status %d; the sandbox was destroyed, %s is unchanged", argv[0], out.ExitCode, sb.Original)
+	}
+	return err
+}
+
+// runArgs splits the arguments of run into ORIGINAL and CMD ARGS...
+func runArgs(c *cli.Context) (string, []string, error) {
+	args := c.Args().Slice()
+	if len(args) > 1 && args[1] == "--" {
+		args = append(args[:1:1], args[2:]...)
+	}
+	if len(args) < 2 {
+		return "", nil, failf(exitUsage, "run needs ORIGINAL -- CMD [ARGS...]; see 'sbxfs help run'")
+	}
+	if strings.HasPrefix(args[0], "-") {
+		return "", nil, failf(exitUsage, "option %q after the arguments; put options before ORIGINAL (see 'sbxfs help run')", args[0])
+	}
+	orig, err := filepath.Abs(args[0])
+	if err != nil {
+		return "", nil, failf(exitBadPath, "original %q: %v; give an absolute path", args[0], err)
+	}
+	return orig, args[1:], nil
+}
+
+// runInSandbox runs argv inside sb's mount and returns its exit status.
+func runInSandbox(c *cli.Context, sb manager.Sandbox, argv []string) int {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = sb.Mountpoint
+	if wd, err := filepath.EvalSymlinks("."); err == nil && within(wd, sb.Original) {
+		rel, _ := filepath.Rel(sb.Original, wd)
+		cmd.Dir = filepath.Join(sb.Mountpoint, rel)
+	}
+	cmd.Env = append(cmd.Environ(), "SBXFS_SANDBOX="+sb.ID, "SBXFS_MOUNTPOINT="+sb.Mountpoint)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: run %s: %v\n", argv[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return 127
+		}
+		return 126
+	}
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				if s == syscall.SIGTERM || s == syscall.SIGHUP {
+					_ = cmd.Process.Signal(s)
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+// endRun commits the sandbox (when asked and CMD succeeded) or destroys
+// it.
+func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, argv []string, out *runJSON) error {
+	if c.Bool("commit-on-success") && out.ExitCode == 0 {
+		msg := c.String("message")
+		if msg == "" {
+			msg = "sbxfs run " + strings.Join(argv, " ")
+		}
+		res, err := d.Commit(manager.Target{ID: sb.ID}, manager.CommitOptions{Message: msg})
+		j := toPlanJSON(res)
+		out.Commit, out.Committed = &j, err == nil
+		if err != nil {
+			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs commit %s' (--force) or 'sbxfs destroy %s'",
+				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID)
+		}
+		return nil
+	}
+	_, err := d.Destroy(manager.Target{ID: sb.ID})
+	out.Destroyed = err == nil
+	switch {
+	case err == nil && out.ExitCode == 0:
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: the sandbox %s was destroyed: its changes are discarded (--commit-on-success commits them)\n", sb.ID)
+	case err != nil && out.ExitCode != 0: // CMD's status matters more; say what is left
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: destroying the sandbox %s failed: %v\n", sb.ID, daemonFailure(err, root, exitInternal))
+		return nil
+	case err != nil:
+		return daemonFailure(err, root, exitInternal)
+	}
+	return nil
+}

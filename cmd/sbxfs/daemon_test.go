@@ -1,0 +1,318 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/manager"
+)
+
+// The managed commands run as a user types them: the binary, in its own
+// process, starting the daemon (another process) of a private state root.
+// The test process only uses the mounts; it never serves one.
+
+// managedEnv is a state root; its daemon is stopped when the test ends.
+type managedEnv struct {
+	t    *testing.T
+	bin  string
+	base string // holds the originals and the state root
+	root string
+}
+
+func newManagedEnv(t *testing.T) *managedEnv {
+	t.Helper()
+	requireFuse(t)
+	base := realTempDir(t)
+	e := &managedEnv{t: t, bin: sbxfsBin(t), base: base, root: filepath.Join(base, "state")}
+	t.Cleanup(e.stopDaemon)
+	return e
+}
+
+// sbxfs runs the binary on the env's state root.
+func (e *managedEnv) sbxfs(args ...string) result {
+	e.t.Helper()
+	return runBin(e.t, e.bin, append([]string{"--state-dir", e.root}, args...)...)
+}
+
+// original makes a directory with a.txt.
+func (e *managedEnv) original(name string) string {
+	e.t.Helper()
+	d := filepath.Join(e.base, name)
+	require.NoError(e.t, os.MkdirAll(d, 0o755))
+	require.NoError(e.t, os.WriteFile(filepath.Join(d, "a.txt"), []byte("hello\n"), 0o644))
+	return d
+}
+
+// create runs sbxfs create --json and decodes the sandbox.
+func (e *managedEnv) create(args ...string) manager.SandboxInfo {
+	e.t.Helper()
+	r := e.sbxfs(append([]string{"create", "--json"}, args...)...)
+	require.Equal(e.t, 0, r.code, r.stderr)
+	var sb manager.SandboxInfo
+	require.NoError(e.t, json.Unmarshal([]byte(r.stdout), &sb), r.stdout)
+	require.True(e.t, isMounted(e.t, sb.Mountpoint), "mounted when create returns")
+	return sb
+}
+
+// list runs sbxfs list --json, by id.
+func (e *managedEnv) list(args ...string) map[string]manager.SandboxInfo {
+	e.t.Helper()
+	r := e.sbxfs(append([]string{"list", "--json"}, args...)...)
+	require.Equal(e.t, 0, r.code, r.stderr)
+	var sbs []manager.SandboxInfo
+	require.NoError(e.t, json.Unmarshal([]byte(r.stdout), &sbs), r.stdout)
+	out := map[string]manager.SandboxInfo{}
+	for _, sb := range sbs {
+		out[sb.ID] = sb
+	}
+	return out
+}
+
+// daemonPid is the pid of the daemon answering, or 0.
+func (e *managedEnv) daemonPid() int {
+	d, err := manager.DialDaemon(e.root)
+	if err != nil {
+		return 0
+	}
+	defer d.Close()
+	return d.Pid
+}
+
+// kill sends sig to the daemon and waits until it has exited: its hold on
+// the state root is released (it may stay a zombie: nobody reaps it).
+func (e *managedEnv) kill(sig syscall.Signal) bool {
+	pid := e.daemonPid()
+	if pid == 0 {
+		return false
+	}
+	require.NoError(e.t, syscall.Kill(pid, sig))
+	lock := filepath.Join(e.root, "manager.lock")
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		f, err := os.Open(lock)
+		require.NoError(e.t, err)
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		f.Close()
+		if err == nil {
+			return true
+		}
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	e.t.Errorf("the daemon (pid %d) did not exit after %v", pid, sig)
+	return true
+}
+
+// stopDaemon stops the daemon (SIGTERM then wait); its Close unmounts
+// every sandbox. Anything still mounted under the state root is an error,
+// unmounted lazily.
+func (e *managedEnv) stopDaemon() {
+	e.kill(syscall.SIGTERM)
+	es, err := readMountinfo()
+	require.NoError(e.t, err)
+	for _, m := range es {
+		if within(m.Mountpoint, e.root) {
+			e.t.Errorf("%s is still mounted after the daemon stopped", m.Mountpoint)
+			out, err := exec.Command("umount", "-l", m.Mountpoint).CombinedOutput()
+			e.t.Logf("cleanup: umount -l %s: %v %s", m.Mountpoint, err, out)
+		}
+	}
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
+}
+
+func TestManagedPlanCommit(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o1, o2 := e.original("o1"), e.original("o2")
+	s1, s2 := e.create("--plan", "p", "--name", "one", o1), e.create("--plan", "p", o2)
+	assert.Equal(t, "p", s1.Plan)
+	assert.Equal(t, "one", s1.Name)
+	assert.Equal(t, manager.Active, s1.State)
+	writeFile(t, filepath.Join(s1.Mountpoint, "new1"), "one\n")
+	writeFile(t, filepath.Join(s2.Mountpoint, "a.txt"), "two\n")
+	assert.NoFileExists(t, filepath.Join(o1, "new1"))
+
+	l := e.list("--plan", "p")
+	require.Len(t, l, 2)
+	for _, id := range []string{s1.ID, s2.ID} {
+		assert.Equal(t, manager.Active, l[id].State)
+		assert.True(t, l[id].Mounted)
+	}
+
+	r := e.sbxfs("commit", "--plan", "p", "-m", "msg", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var res planJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
+	assert.Equal(t, []string{s1.ID, s2.ID}, res.Committed)
+	assert.Empty(t, res.RollbackFailed)
+	assertFile(t, filepath.Join(o1, "new1"), "one\n")
+	assertFile(t, filepath.Join(o2, "a.txt"), "two\n")
+	assert.False(t, isMounted(t, s1.Mountpoint), "commit unmounts")
+	assert.False(t, isMounted(t, s2.Mountpoint))
+	for _, sb := range e.list() {
+		assert.Equal(t, manager.Committed, sb.State)
+	}
+	r = e.sbxfs("commit", "--plan", "p")
+	assert.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "nothing to commit")
+	r = e.sbxfs("commit", s1.ID)
+	assertFailure(t, r, exitState, "not active")
+}
+
+func TestManagedPlanConflict(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o1, o2 := e.original("o1"), e.original("o2")
+	s1, s2 := e.create("--plan", "p", o1), e.create("--plan", "p", o2)
+	writeFile(t, filepath.Join(s1.Mountpoint, "a.txt"), "mine 1\n")
+	writeFile(t, filepath.Join(s2.Mountpoint, "a.txt"), "mine 2\n")
+	writeFile(t, filepath.Join(o2, "a.txt"), "theirs\n") // underneath the second sandbox
+
+	r := e.sbxfs("commit", "--plan", "p", "--json")
+	assertFailure(t, r, exitConflict, "a.txt")
+	var res planJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
+	assert.Empty(t, res.Committed)
+	assert.ElementsMatch(t, []string{s1.ID, s2.ID}, res.RolledBack)
+	assert.Equal(t, manager.CodeConflict, res.Code)
+	assertFile(t, filepath.Join(o1, "a.txt"), "hello\n")
+	assertFile(t, filepath.Join(o2, "a.txt"), "theirs\n")
+	for _, sb := range []manager.SandboxInfo{s1, s2} {
+		assert.True(t, isMounted(t, sb.Mountpoint), "still mounted, retryable")
+		assert.Equal(t, manager.Active, e.list()[sb.ID].State)
+	}
+	assertFile(t, filepath.Join(s1.Mountpoint, "a.txt"), "mine 1\n")
+
+	r = e.sbxfs("commit", "--plan", "p", "--force")
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o1, "a.txt"), "mine 1\n")
+	assertFile(t, filepath.Join(o2, "a.txt"), "mine 2\n")
+}
+
+func TestManagedRollbackDestroyGC(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o1, o2 := e.original("o1"), e.original("o2")
+	s1, s2 := e.create("--plan", "p", o1), e.create("--plan", "p", o2)
+	writeFile(t, filepath.Join(s1.Mountpoint, "a.txt"), "discard\n")
+	r := e.sbxfs("rollback", "--plan", "p", "--keep")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.True(t, isMounted(t, s1.Mountpoint), "--keep stays mounted")
+	assertFile(t, filepath.Join(s1.Mountpoint, "a.txt"), "hello\n")
+
+	writeFile(t, filepath.Join(s2.Mountpoint, "new"), "discard\n")
+	r = e.sbxfs("rollback", "--plan", "p", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var res batchJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
+	assert.Equal(t, []string{s1.ID, s2.ID}, res.Done)
+	assert.False(t, isMounted(t, s2.Mountpoint))
+	assert.NoFileExists(t, filepath.Join(o2, "new"))
+	assert.Equal(t, manager.RolledBack, e.list()[s2.ID].State)
+
+	// A managed sandbox named by its mountpoint goes through the daemon.
+	s3 := e.create(o1)
+	writeFile(t, filepath.Join(s3.Mountpoint, "c"), "c\n")
+	r = e.sbxfs("commit", s3.Mountpoint)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o1, "c"), "c\n")
+	assert.Equal(t, manager.Committed, e.list()[s3.ID].State, "the registry knows")
+
+	s4 := e.create(o2)
+	for range 2 {
+		r = e.sbxfs("destroy", s4.ID)
+		require.Equal(t, 0, r.code, "destroy twice is fine: %s", r.stderr)
+	}
+	assert.False(t, isMounted(t, s4.Mountpoint))
+	assert.Equal(t, manager.CleanedUp, e.list()[s4.ID].State)
+	assertFailure(t, e.sbxfs("destroy", "0123456789abcdef"), exitNotSbxfs, "no such sandbox")
+	assertFailure(t, e.sbxfs("destroy"), exitUsage, "ID or --plan P")
+
+	r = e.sbxfs("gc", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
+	assert.Equal(t, "gc", res.Op)
+	assert.Empty(t, res.Failed)
+}
+
+func TestManagedRun(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	r := e.sbxfs("run", "--commit-on-success", o, "--", "sh", "-c", "echo hi > f")
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "f"), "hi\n")
+
+	r = e.sbxfs("run", o, "--", "false")
+	assertFailure(t, r, 1, "false exited with status 1")
+	r = e.sbxfs("run", "--commit-on-success", "--json", o, "--", "sh", "-c", "echo gone > g; pwd; exit 3")
+	assert.Equal(t, 3, r.code, r.stderr)
+	lines := strings.SplitN(r.stdout, "\n", 2)
+	require.Len(t, lines, 2)
+	var out runJSON
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &out), r.stdout)
+	assert.Equal(t, out.Mountpoint, lines[0], "CMD runs inside the mount")
+	assert.Equal(t, 3, out.ExitCode)
+	assert.True(t, out.Destroyed)
+	assert.False(t, out.Committed)
+	assert.NoFileExists(t, filepath.Join(o, "g"), "the original is unchanged")
+	ents, err := os.ReadDir(o)
+	require.NoError(t, err)
+	assert.Len(t, ents, 2, "a.txt and f only")
+	for _, sb := range e.list() {
+		assert.False(t, sb.Mounted, "no sandbox of run stays mounted: %s", sb.ID)
+	}
+}
+
+func TestDaemonRestart(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	sb := e.create(o)
+	writeFile(t, filepath.Join(sb.Mountpoint, "kept"), "kept\n")
+	first := e.daemonPid()
+	require.True(t, e.kill(syscall.SIGKILL))
+
+	l := e.list() // starts a new daemon
+	assert.NotEqual(t, first, e.daemonPid())
+	assert.Equal(t, manager.Active, l[sb.ID].State)
+	assert.True(t, l[sb.ID].Mounted)
+	assert.True(t, isMounted(t, sb.Mountpoint), "the mount is back")
+	assertFile(t, filepath.Join(sb.Mountpoint, "kept"), "kept\n")
+	assert.NoFileExists(t, filepath.Join(o, "kept"))
+
+	// A clean stop keeps the sandbox active too.
+	require.True(t, e.kill(syscall.SIGTERM))
+	assert.False(t, isMounted(t, sb.Mountpoint), "a stopped daemon unmounts")
+	r := e.sbxfs("commit", sb.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "kept"), "kept\n")
+}
+
+func TestDaemonCommand(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	r := e.sbxfs("daemon")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "started")
+	pid := e.daemonPid()
+	require.NotZero(t, pid)
+	assertFailure(t, e.sbxfs("daemon"), exitBusy, "already serves")
+	assertFailure(t, e.sbxfs("daemon", "--foreground"), exitBusy, "already serves")
+	assert.Equal(t, pid, e.daemonPid(), "the first daemon still serves")
+	st, err := os.Stat(filepath.Join(e.root, manager.DaemonSocket))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+}

@@ -1,0 +1,228 @@
+package manager
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sbxfs/sbxfs/commit"
+)
+
+// ErrNoDaemon says no daemon answers on the state root's socket.
+var ErrNoDaemon = errors.New("no sbxfs daemon answers")
+
+// ErrDaemonGone says the daemon went away in the middle of a request:
+// what became of the request is unknown until the next daemon settles it.
+var ErrDaemonGone = errors.New("the sbxfs daemon went away")
+
+// DaemonError is a failure the daemon reported: its message and what kind
+// it is (Code). errors.Is matches it with the error the code stands for
+// (ErrNotFound, commit.ErrConflict, commit.ErrBusy, ErrIllegalMove,
+// ErrInvalid).
+type DaemonError struct {
+	Code string
+	Msg  string
+}
+
+func (e *DaemonError) Error() string { return e.Msg }
+
+// Is matches the error e's code stands for.
+func (e *DaemonError) Is(target error) bool {
+	switch e.Code {
+	case CodeNotFound:
+		return target == ErrNotFound
+	case CodeConflict:
+		return target == commit.ErrConflict
+	case CodeBusy:
+		return target == commit.ErrBusy
+	case CodeIllegalMove:
+		return target == ErrIllegalMove || target == ErrNotActive
+	case CodeInvalid:
+		return target == ErrInvalid
+	}
+	return false
+}
+
+// Target names what an operation acts on: one sandbox (ID) or every
+// sandbox of a plan (Plan).
+type Target struct {
+	ID, Plan string
+}
+
+// Daemon is a connection to the daemon of a state root. Its methods may
+// be called from several goroutines (one request at a time).
+type Daemon struct {
+	mu   sync.Mutex
+	conn net.Conn
+	dec  *json.Decoder
+	enc  *json.Encoder
+	Pid  int // the daemon's
+}
+
+// DaemonSocketPath is where the daemon of stateRoot listens.
+func DaemonSocketPath(stateRoot string) string { return filepath.Join(stateRoot, DaemonSocket) }
+
+// DialDaemon connects to the daemon of stateRoot (ErrNoDaemon when none
+// answers).
+func DialDaemon(stateRoot string) (*Daemon, error) {
+	p, done, err := sockPath(stateRoot, DaemonSocket)
+	if err != nil {
+		return nil, fmt.Errorf("%w on %s: %v", ErrNoDaemon, DaemonSocketPath(stateRoot), err)
+	}
+	defer done()
+	conn, err := net.DialTimeout("unix", p, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("%w on %s: %v", ErrNoDaemon, DaemonSocketPath(stateRoot), err)
+	}
+	d := &Daemon{conn: conn, dec: json.NewDecoder(conn), enc: json.NewEncoder(conn)}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	resp, err := d.call(daemonRequest{Op: "ping"})
+	_ = conn.SetDeadline(time.Time{})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%w on %s: %v", ErrNoDaemon, DaemonSocketPath(stateRoot), err)
+	}
+	d.Pid = resp.Pid
+	return d, nil
+}
+
+// KnownSandbox reports whether stateRoot has a sandbox called id (its
+// directory with a record), without asking the daemon.
+func KnownSandbox(stateRoot, id string) bool {
+	if !validID(id) {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(stateRoot, "sandboxes", id, recordName))
+	return err == nil
+}
+
+// ValidID reports whether s has the form of a sandbox id (16 lowercase
+// hex digits).
+func ValidID(s string) bool { return validID(s) }
+
+// Close ends the connection.
+func (d *Daemon) Close() error { return d.conn.Close() }
+
+// call sends req and reads its response; a failure the daemon reported is
+// a *DaemonError, returned with the response (which holds what was done).
+func (d *Daemon) call(req daemonRequest) (daemonResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var resp daemonResponse
+	if err := d.enc.Encode(req); err != nil {
+		return resp, fmt.Errorf("daemon %s: %w: %v", req.Op, ErrDaemonGone, err)
+	}
+	if err := d.dec.Decode(&resp); err != nil {
+		return resp, fmt.Errorf("daemon %s: %w: %v", req.Op, ErrDaemonGone, err)
+	}
+	if !resp.OK {
+		code := resp.Code
+		if code == "" {
+			code = CodeFailed
+		}
+		return resp, &DaemonError{Code: code, Msg: resp.Error}
+	}
+	return resp, nil
+}
+
+// Ping returns the daemon's pid.
+func (d *Daemon) Ping() (int, error) {
+	resp, err := d.call(daemonRequest{Op: "ping"})
+	return resp.Pid, err
+}
+
+// Create makes a sandbox (see Manager.Create).
+func (d *Daemon) Create(o CreateOptions) (Sandbox, error) {
+	resp, err := d.call(daemonRequest{Op: "create", Plan: o.Plan, Name: o.Name, Original: o.Original, Mountpoint: o.Mountpoint})
+	return resp.sandbox(err)
+}
+
+// Get returns the sandbox id.
+func (d *Daemon) Get(id string) (Sandbox, error) {
+	resp, err := d.call(daemonRequest{Op: "get", ID: id})
+	return resp.sandbox(err)
+}
+
+func (r daemonResponse) sandbox(err error) (Sandbox, error) {
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if r.Sandbox == nil {
+		return Sandbox{}, fmt.Errorf("%w: the daemon sent no sandbox", ErrDaemonGone)
+	}
+	return r.Sandbox.Sandbox(), nil
+}
+
+// List returns the sandboxes of plan ("" for all), every state included.
+func (d *Daemon) List(plan string) ([]Sandbox, error) {
+	resp, err := d.call(daemonRequest{Op: "list", Plan: plan})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Sandbox, 0, len(resp.Sandboxes))
+	for _, i := range resp.Sandboxes {
+		out = append(out, i.Sandbox())
+	}
+	return out, nil
+}
+
+// Commit commits t (Manager.Commit or Manager.CommitPlan). As there, the
+// result always comes, and on failure the error is the same value as a
+// *PlanError whose Err is the daemon's *DaemonError (or ErrDaemonGone).
+func (d *Daemon) Commit(t Target, o CommitOptions) (*PlanResult, error) {
+	resp, err := d.call(daemonRequest{Op: "commit", ID: t.ID, Plan: t.Plan, Message: o.Message,
+		Force: o.Force, Keep: o.Keep, WaitMs: o.Wait.Milliseconds()})
+	res := &PlanResult{Plan: resp.Plan, Committed: resp.Committed, RolledBack: resp.RolledBack, Err: err}
+	for _, f := range resp.RollbackFailed {
+		res.RollbackFailed = append(res.RollbackFailed, f.failure())
+	}
+	if res.Plan == "" {
+		res.Plan = t.Plan
+	}
+	return res.finish()
+}
+
+// Rollback rolls back t (Manager.Rollback or Manager.RollbackPlan).
+func (d *Daemon) Rollback(t Target, keep bool) (*BatchResult, error) {
+	return d.batch(daemonRequest{Op: "rollback", ID: t.ID, Plan: t.Plan, Keep: keep})
+}
+
+// Destroy destroys t (Manager.Destroy or Manager.DestroyPlan).
+func (d *Daemon) Destroy(t Target) (*BatchResult, error) {
+	return d.batch(daemonRequest{Op: "destroy", ID: t.ID, Plan: t.Plan})
+}
+
+// GC purges what was abandoned (Manager.GC).
+func (d *Daemon) GC() (*BatchResult, error) {
+	return d.batch(daemonRequest{Op: "gc"})
+}
+
+// batch runs a batch request: the result always comes; on failure the
+// error is the same value as a *BatchError whose Err is the daemon's.
+func (d *Daemon) batch(req daemonRequest) (*BatchResult, error) {
+	resp, err := d.call(req)
+	res := &BatchResult{Op: resp.Op, Done: resp.Done, Err: err}
+	if res.Op == "" {
+		res.Op = req.Op
+	}
+	for _, f := range resp.Failed {
+		res.Failed = append(res.Failed, f.failure())
+	}
+	if err == nil {
+		return res, nil
+	}
+	return res, (*BatchError)(res)
+}
+
+func (f FailureInfo) failure() Failure {
+	code := f.Code
+	if code == "" {
+		code = CodeFailed
+	}
+	return Failure{ID: f.ID, Err: &DaemonError{Code: code, Msg: f.Error}}
+}
