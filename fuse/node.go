@@ -43,38 +43,81 @@ type node struct {
 	// open holds the node's open handles, so a node unlinked while open
 	// can still be changed through one of them.
 	open map[*handle]bool
-	// last is a directory's last known attributes (lastOK when set), for
-	// an fstat after it was removed while open.
+	// last is the node's last known attributes (lastOK when set), for an
+	// fstat after it was removed while open.
 	last   unix.Stat_t
 	lastOK bool
 }
 
-// openFd returns the descriptor of an open upper handle of n, or -1: the
-// way to reach a file that is no longer reachable by path.
-func (n *node) openFd() int {
+// openFd returns the descriptor of an open handle of n, an upper one when
+// there is one, or -1: the way to reach a file no longer reachable by
+// path. upper says which kind it is.
+func (n *node) openFd() (fd int, upper bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	fd = -1
 	for h := range n.open {
 		h.mu.RLock()
-		fd, up := h.fd, h.upper
+		hfd, up := h.fd, h.upper
 		h.mu.RUnlock()
-		if up && fd >= 0 {
-			return fd
+		if hfd >= 0 && up {
+			return hfd, true
+		}
+		if hfd >= 0 {
+			fd = hfd
 		}
 	}
-	return -1
+	return fd, false
 }
 
-// target says how to reach n: by path, or (unlinked while open) through
-// an open upper descriptor. errno is ENOENT when neither works.
+// target says how to reach n for reading: by path, or (unlinked while
+// open) through an open descriptor. errno is ENOENT when neither works.
 func (n *node) target() (rel string, fd int, errno syscall.Errno) {
 	if rel, ok := n.rel(); ok {
 		return rel, -1, 0
 	}
-	if fd := n.openFd(); fd >= 0 {
+	if fd, _ := n.openFd(); fd >= 0 {
 		return "", fd, 0
 	}
 	return "", -1, syscall.ENOENT
+}
+
+// mutableTarget is target for a change: an original file deleted in the
+// sandbox while open is first copied to an unnamed upper file, which its
+// handles then use (the original is never written).
+func (n *node) mutableTarget() (rel string, fd int, errno syscall.Errno) {
+	if rel, ok := n.rel(); ok {
+		return rel, -1, 0
+	}
+	fd, upper := n.openFd()
+	if fd < 0 || upper {
+		return n.target()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var lowerHandles []*handle
+	for h := range n.open {
+		if !h.upper {
+			lowerHandles = append(lowerHandles, h)
+		}
+	}
+	copyFd, err := n.fs.layers.CopyOrphan(fd)
+	if err != nil {
+		return "", -1, n.fs.toErrno("copy up", err)
+	}
+	for i, h := range lowerHandles {
+		nfd := copyFd
+		if i > 0 {
+			if nfd, err = unix.Dup(copyFd); err != nil {
+				return "", -1, n.fs.toErrno("copy up", err)
+			}
+		}
+		h.mu.Lock()
+		unix.Close(h.fd)
+		h.fd, h.upper = nfd, true
+		h.mu.Unlock()
+	}
+	return "", copyFd, 0
 }
 
 func (fs *filesystem) newRoot() (*node, error) {
@@ -127,7 +170,7 @@ func (n *node) newChild(ctx context.Context, e *layers.Entry, out *gofuse.EntryO
 	child := &node{fs: n.fs, obj: e.Obj}
 	ino := n.NewInode(ctx, child, fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino})
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
-	if cn, ok := ino.Operations().(*node); ok && e.IsDir() {
+	if cn, ok := ino.Operations().(*node); ok {
 		cn.mu.Lock()
 		cn.last, cn.lastOK = e.Stat, true
 		cn.mu.Unlock()
@@ -207,8 +250,9 @@ func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.Att
 
 // stat returns n's attributes: through the open file when there is one
 // (a file unlinked while open, or an original file open read-only), by
-// path otherwise. A directory removed while open keeps its last known
-// attributes, with no link left, as on ext4.
+// path otherwise. An object removed while open with no handle here (a
+// directory, a FIFO) keeps its last known attributes, with no link left,
+// as on ext4.
 func (n *node) stat(f fusefs.FileHandle) (unix.Stat_t, error) {
 	var st unix.Stat_t
 	if h, ok := f.(fileHandle); ok {
@@ -240,7 +284,7 @@ func (n *node) stat(f fusefs.FileHandle) (unix.Stat_t, error) {
 	default:
 		st, err = n.fs.layers.Stat(rel, n.getObj())
 	}
-	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+	if err == nil {
 		n.mu.Lock()
 		n.last, n.lastOK = st, true
 		n.mu.Unlock()
@@ -252,7 +296,7 @@ var _ = (fusefs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	defer n.fs.enter()()
-	rel, fd, errno := n.target()
+	rel, fd, errno := n.mutableTarget()
 	if h, ok := f.(fileHandle); ok && h.h().upper {
 		fd = h.h().fd
 	} else if errno != 0 {

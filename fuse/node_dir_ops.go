@@ -79,7 +79,17 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	}
 	trel, ok := t.rel()
 	if !ok {
-		return nil, syscall.ENOENT
+		// A tmpfile, or a file unlinked while open, linked back in
+		// through /proc/self/fd: link its open upper descriptor.
+		fd, upper := t.openFd()
+		if fd < 0 || !upper {
+			return nil, syscall.ENOENT
+		}
+		e, err := n.fs.layers.LinkFd(fd, rel, obj, name, caller(ctx))
+		if err != nil {
+			return nil, n.fs.toErrno("link", err)
+		}
+		return n.newChild(ctx, &e, out), 0
 	}
 	t.mu.Lock()
 	e, err := n.fs.layers.Link(trel, &t.obj, rel, obj, name, caller(ctx))

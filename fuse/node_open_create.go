@@ -106,3 +106,28 @@ func (n *node) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) sys
 	}
 	return n.fs.toErrno("fsync", n.fs.layers.Sync())
 }
+
+var _ = (fusefs.NodeTmpfiler)((*node)(nil))
+
+// Tmpfile answers open(O_TMPFILE): an unnamed upper file; it enters the
+// sandbox (and the journal) if it is linked in.
+func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+	defer n.fs.enter()()
+	fd, e, err := n.fs.layers.Tmpfile(mode, caller(ctx))
+	if err != nil {
+		return nil, nil, 0, n.fs.toErrno("tmpfile", err)
+	}
+	child := &node{fs: n.fs, obj: e.Obj}
+	ino := n.NewInode(ctx, child, fusefs.StableAttr{Mode: unix.S_IFREG, Ino: e.Stat.Ino})
+	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
+	cn, ok := ino.Operations().(*node)
+	if !ok {
+		unix.Close(fd)
+		return nil, nil, 0, syscall.EIO
+	}
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	fh, fuseFlags := cn.newHandleLocked(fd, true)
+	n.fs.writers.add(fh.(fileHandle).h(), "(tmpfile)")
+	return ino, fh, fuseFlags, 0
+}

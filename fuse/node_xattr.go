@@ -63,7 +63,7 @@ var _ = (fusefs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	defer n.fs.enter()()
-	rel, fd, errno := n.target()
+	rel, fd, errno := n.mutableTarget()
 	if errno != 0 {
 		return errno
 	}
@@ -79,7 +79,7 @@ var _ = (fusefs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	defer n.fs.enter()()
-	rel, fd, errno := n.target()
+	rel, fd, errno := n.mutableTarget()
 	if errno != 0 {
 		return errno
 	}

@@ -1,0 +1,100 @@
+package layers
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// Tmpfile makes an unnamed regular file (open(O_TMPFILE)) on the upper's
+// filesystem, owned by the caller, and returns its descriptor and entry.
+// It gets a name, and a journal record, only if it is linked in (LinkFd).
+func (l *Layers) Tmpfile(mode uint32, c Caller) (int, Entry, error) {
+	fd, err := unix.Open(l.work, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, mode&0o7777)
+	if err != nil {
+		return -1, Entry{}, err
+	}
+	e, err := l.settleFd(fd, mode, c)
+	if err != nil {
+		unix.Close(fd)
+		return -1, Entry{}, err
+	}
+	return fd, e, nil
+}
+
+func (l *Layers) settleFd(fd int, mode uint32, c Caller) (Entry, error) {
+	if l.root {
+		if err := unix.Fchown(fd, int(c.Uid), int(c.Gid)); err != nil {
+			return Entry{}, err
+		}
+	}
+	if err := unix.Fchmod(fd, mode&0o7777); err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Obj: Obj{Upper: true}}
+	if err := unix.Fstat(fd, &e.Stat); err != nil {
+		return Entry{}, err
+	}
+	e.Stat.Ino = l.stableIno(e.Stat.Dev, e.Stat.Ino)
+	return e, nil
+}
+
+// LinkFd gives the open upper file fd (a tmpfile, or a file unlinked while
+// open) the name name in dirRel. For the change set it is a new file.
+func (l *Layers) LinkFd(fd int, dirRel string, dir Obj, name string, c Caller) (Entry, error) {
+	rel := Join(dirRel, name)
+	if err := l.record(OpCreate, rel, "", 0, c); err != nil {
+		return Entry{}, err
+	}
+	if err := l.ensureParents(rel); err != nil {
+		return Entry{}, err
+	}
+	src := fmt.Sprintf("/proc/self/fd/%d", fd)
+	if err := l.place(rel, false, func(p string) error {
+		return unix.Linkat(unix.AT_FDCWD, src, unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW)
+	}); err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Obj: Obj{Upper: true}}
+	if err := unix.Lstat(l.UpperPath(rel), &e.Stat); err != nil {
+		return Entry{}, err
+	}
+	l.upperAttrs(l.UpperPath(rel), &e)
+	return e, nil
+}
+
+// CopyOrphan copies an original file that was deleted in the sandbox while
+// open (only its read-only descriptor lower is left) into an unnamed upper
+// file, so it can take metadata changes as on ext4. The original is never
+// written.
+func (l *Layers) CopyOrphan(lower int) (int, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(lower, &st); err != nil {
+		return -1, err
+	}
+	fd, err := unix.Open(l.work, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return -1, err
+	}
+	err = fsutil.CopyData(fd, lower)
+	if err == nil {
+		err = fsutil.CopyXattrs(fd, lower, l.Private)
+	}
+	if err == nil && l.root {
+		err = unix.Fchown(fd, int(st.Uid), int(st.Gid))
+	}
+	if err == nil {
+		err = unix.Fchmod(fd, st.Mode&0o7777)
+	}
+	if err == nil {
+		ts := []unix.Timespec{st.Atim, st.Mtim}
+		err = unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), ts, 0)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}

@@ -1,0 +1,514 @@
+package tests
+
+import (
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The differential tests apply one random sequence of operations to a
+// plain directory that started as a copy of the original and to an sbxfs
+// mount of the original, and demand the same outcome: the same errno for
+// every operation, and the same trees (names, types, permission bits,
+// sizes, content, symlink targets, user.* attributes, link counts of
+// non-directories, listings). The original must not change at all.
+//
+// Reproduce a failure with the seed it prints:
+//
+//	go test ./tests -run TestDifferential -seed N -diff.ops M
+
+// flagDiffAvoid leaves out operations that hit a known bug, so a run can
+// look for others. It is empty by default: known bugs fail the test.
+var flagDiffAvoid = flag.String("diff.avoid", "", "comma-separated known bugs the generator avoids: "+
+	"mode0 (objects with permission bits 0), dirtonew (renaming a directory to a name that does not exist), "+
+	"dirmtime (a directory's mtime changed by a copy-up beneath it), "+
+	"openunlink (unlinking or renaming files the run holds open)")
+
+var flagDiffNoPassthrough = flag.Bool("diff.nopassthrough", false, "mount the differential tests' sandbox without FUSE passthrough")
+
+func avoiding(what string) bool {
+	return slices.Contains(strings.Split(*flagDiffAvoid, ","), what)
+}
+
+// pickMode picks a mode from modes (all zero bits are left out under
+// -diff.avoid=mode0).
+func (r *diffRun) pickMode(modes []uint32) uint32 {
+	for {
+		m := modes[r.rng.Intn(len(modes))]
+		if m&0o777 != 0 || !avoiding("mode0") {
+			return m
+		}
+	}
+}
+
+// diffCompareEvery is how many operations pass between two tree
+// comparisons.
+const diffCompareEvery = 20
+
+func diffSeed(t *testing.T) int64 {
+	seed := *flagSeed
+	if seed == 0 {
+		seed = time.Now().UnixNano() % 1_000_000_007
+	}
+	t.Logf("seed %d (rerun: go test ./tests -run '%s$' -seed %d -diff.ops %d)", seed, t.Name(), seed, *flagDiffOps)
+	return seed
+}
+
+// makeDiffOriginal builds an original of about 50 files in about 10
+// directories (nested ones, an empty one), a symlink and a FIFO, with
+// assorted modes, sizes and user.* attributes. No hard links: lower hard
+// links break on copy-up (as in kernel overlayfs without index).
+func makeDiffOriginal(t *testing.T, rng *rand.Rand) string {
+	t.Helper()
+	orig := newOrig(t, nil)
+	dirs := []string{"a", "a/b", "a/b/c", "a/b/c/d", "e", "e/f", "g", "h", "h/i", "h/i/j", "empty"}
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(orig, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Chmod(filepath.Join(orig, "g"), 0o2775); err != nil {
+		t.Fatal(err)
+	}
+	modes := []os.FileMode{0o644, 0o644, 0o600, 0o755, 0o444, 0o640}
+	fileDirs := append([]string{""}, dirs[:len(dirs)-1]...)
+	for i := 0; i < 50; i++ {
+		d := fileDirs[i%len(fileDirs)]
+		name := filepath.Join(orig, d, fmt.Sprintf("f%02d", i))
+		size := rng.Intn(3000)
+		if i%17 == 0 {
+			size = 100<<10 + rng.Intn(1000)
+		}
+		if err := os.WriteFile(name, randBytes(rng, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(name, modes[rng.Intn(len(modes))]); err != nil {
+			t.Fatal(err)
+		}
+		if i%5 == 0 {
+			if err := unix.Setxattr(name, "user.a", []byte(fmt.Sprintf("v%d", i)), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := unix.Setxattr(filepath.Join(orig, "a/b"), "user.dir", []byte("dx"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("f01", filepath.Join(orig, "a", "ln")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(orig, "e", "fifo"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	// Some history, so times differ from "now".
+	past := time.Now().Add(-48 * time.Hour)
+	_ = filepath.Walk(orig, func(p string, _ os.FileInfo, err error) error {
+		if err == nil {
+			ts := []unix.Timespec{unix.NsecToTimespec(past.UnixNano()), unix.NsecToTimespec(past.UnixNano())}
+			_ = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		return nil
+	})
+	return orig
+}
+
+func randBytes(rng *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte('a' + rng.Intn(26))
+	}
+	if n > 0 && rng.Intn(4) == 0 {
+		b[0] = 0 // binary too
+	}
+	return b
+}
+
+// copyTree copies orig to a new plain directory with cp -a.
+func copyTree(t *testing.T, orig string) string {
+	t.Helper()
+	ref := filepath.Join(t.TempDir(), "ref")
+	if out, err := exec.Command("cp", "-a", orig, ref).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v\n%s", err, out)
+	}
+	return ref
+}
+
+// diffRun is one differential run.
+type diffRun struct {
+	t       *testing.T
+	seed    int64
+	rng     *rand.Rand
+	ref     string
+	sb      *sandbox
+	step    int
+	history []string
+	ents    []diffEnt // the ref tree, refreshed after every change
+	dirty   bool      // ents is out of date
+	// fds are descriptors kept open across operations, the same slot on
+	// each side (-1: closed): renames, unlinks and copy-ups happen while
+	// files are open.
+	fds    [2][diffSlots]int
+	fdPath [diffSlots]string // the path each slot was opened at
+}
+
+const diffSlots = 4
+
+// closeFds closes every descriptor the run keeps open.
+func (r *diffRun) closeFds() {
+	for side := range r.fds {
+		for k, fd := range r.fds[side] {
+			if fd >= 0 {
+				unix.Close(fd)
+				r.fds[side][k] = -1
+			}
+		}
+	}
+}
+
+type diffEnt struct {
+	rel  string
+	mode uint32
+	size int64
+}
+
+// diffOp is one operation, applied the same way under each root.
+type diffOp struct {
+	desc string
+	do   func(root string) (any, error)
+	// check compares the results of a successful do on both sides; it
+	// returns "" when they agree.
+	check func(ref, mnt any) string
+	// keepsTree: the operation changes no name, type or size.
+	keepsTree bool
+	// onSide replaces do for operations on the descriptors a run keeps
+	// open (side 0: the plain directory, 1: the mount).
+	onSide func(side int, root string) (any, error)
+}
+
+func TestDifferential(t *testing.T) {
+	seed := diffSeed(t)
+	r := newDiffRun(t, seed)
+	r.run(*flagDiffOps)
+	r.compareTrees("end")
+}
+
+// TestDifferentialRemount remounts the sandbox in the middle of the run:
+// the tree and the inode number of every object must survive.
+func TestDifferentialRemount(t *testing.T) {
+	seed := diffSeed(t)
+	r := newDiffRun(t, seed)
+	n := max(*flagDiffOps/3, 200)
+	r.run(n / 2)
+	r.compareTrees("before remount")
+
+	// The inode numbers asked of: a created file, a created and renamed
+	// file, an original file copied up by a write, an original renamed.
+	probes := map[string]string{"created": "zz-created", "created and renamed": "zz-renamed"}
+	r.apply(diffOp{desc: "create zz-created, create zz-torename and rename it to zz-renamed", do: func(root string) (any, error) {
+		if err := os.WriteFile(filepath.Join(root, "zz-created"), []byte("new"), 0o644); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(root, "zz-torename"), []byte("ren"), 0o644); err != nil {
+			return nil, err
+		}
+		return nil, os.Rename(filepath.Join(root, "zz-torename"), filepath.Join(root, "zz-renamed"))
+	}})
+	r.refresh()
+	var origFile, origRen string
+	for _, e := range r.ents {
+		b := filepath.Base(e.rel)
+		if !isFileEnt(e) || len(b) != 3 || b[0] != 'f' || b == "f01" {
+			continue // made by makeDiffOriginal: fNN (f01 is also a name ops create)
+		}
+		if origFile == "" {
+			origFile = e.rel
+		} else if origRen == "" {
+			origRen = e.rel
+		}
+	}
+	if origFile != "" {
+		probes["original, copied up"] = origFile
+		r.apply(diffOp{desc: "append to " + origFile, do: func(root string) (any, error) {
+			return nil, appendFile(filepath.Join(root, origFile), []byte("more"))
+		}})
+	}
+	if origRen != "" {
+		probes["original, renamed"] = "zz-renamed-orig"
+		r.apply(diffOp{desc: "rename " + origRen + " to zz-renamed-orig", do: func(root string) (any, error) {
+			return nil, os.Rename(filepath.Join(root, origRen), filepath.Join(root, "zz-renamed-orig"))
+		}})
+	}
+	before := mustWalk(t, r.sb.mnt, walkOpts{ino: true})
+	r.closeFds() // open files would keep the mount busy
+	remount(t, r.sb)
+	after := mustWalk(t, r.sb.mnt, walkOpts{ino: true})
+	for kind, p := range probes {
+		if b, a := before[p].Ino, after[p].Ino; a != b || a == 0 {
+			t.Errorf("st_ino of the %s file %s changed across the remount: %d before, %d after", kind, p, b, a)
+		}
+	}
+	var changed []string
+	for p, b := range before {
+		if a, ok := after[p]; ok && a.Ino != b.Ino {
+			changed = append(changed, fmt.Sprintf("/%s (%s): %d -> %d", p, fileTypeName(b.Type), b.Ino, a.Ino))
+		}
+	}
+	slices.Sort(changed)
+	if len(changed) > 0 {
+		t.Errorf("st_ino changed across the remount for %d of %d objects:\n  %s", len(changed), len(before),
+			strings.Join(changed[:min(len(changed), 20)], "\n  "))
+	}
+	r.compareTrees("after remount")
+	r.run(n - n/2)
+	r.compareTrees("end")
+}
+
+func newDiffRun(t *testing.T, seed int64) *diffRun {
+	rng := rand.New(rand.NewSource(seed))
+	orig := makeDiffOriginal(t, rng)
+	originalGuard(t, orig)
+	ref := copyTree(t, orig)
+	var opts []mountOption
+	if *flagDiffNoPassthrough {
+		opts = append(opts, withNoPassthrough())
+	}
+	sb := mountSandbox(t, orig, opts...)
+	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb}
+	for side := range r.fds {
+		for k := range r.fds[side] {
+			r.fds[side][k] = -1
+		}
+	}
+	t.Cleanup(r.closeFds) // before the unmount
+	r.compareTrees("start")
+	return r
+}
+
+func (r *diffRun) run(n int) {
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if r.dirty || r.ents == nil {
+			r.refresh()
+		}
+		r.apply(r.nextOp())
+		if r.step%diffCompareEvery == 0 {
+			r.compareTrees(fmt.Sprintf("after step %d", r.step))
+		}
+		if r.step%500 == 0 {
+			r.t.Logf("step %d: %d objects, %v", r.step, len(r.ents), time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// apply runs op under both roots and compares the outcomes.
+func (r *diffRun) apply(op diffOp) {
+	r.t.Helper()
+	r.step++
+	var resRef, resMnt any
+	var errRef, errMnt error
+	if op.onSide != nil {
+		resRef, errRef = op.onSide(0, r.ref)
+		resMnt, errMnt = op.onSide(1, r.sb.mnt)
+	} else {
+		resRef, errRef = op.do(r.ref)
+		resMnt, errMnt = op.do(r.sb.mnt)
+	}
+	eRef, eMnt := errnoOf(errRef), errnoOf(errMnt)
+	r.dirty = errRef == nil && !op.keepsTree
+	r.history = append(r.history, fmt.Sprintf("%4d %s -> %s", r.step, op.desc, errnoName(eRef)))
+	if eRef != eMnt {
+		r.fail(op.desc, "step %d: %s\n  plain dir: %s (%v)\n  sbxfs:     %s (%v)", r.step, op.desc, errnoName(eRef), errRef, errnoName(eMnt), errMnt)
+	}
+	if errRef == nil && op.check != nil {
+		if d := op.check(resRef, resMnt); d != "" {
+			r.fail(op.desc, "step %d: %s: results differ: %s", r.step, op.desc, d)
+		}
+	}
+}
+
+// fail reports a mismatch with the last operations and every earlier one
+// that named a path (or a parent of a path) quoted in about.
+func (r *diffRun) fail(about, format string, args ...any) {
+	r.t.Helper()
+	last := r.history[max(0, len(r.history)-30):]
+	var related []string
+	if paths := quotedPaths(about); len(paths) > 0 {
+		for _, h := range r.history[:len(r.history)-len(last)] {
+			for _, q := range quotedPaths(h) {
+				if slices.ContainsFunc(paths, func(p string) bool {
+					return p == q || strings.HasPrefix(p, q+"/") || strings.HasPrefix(q, p+"/")
+				}) {
+					related = append(related, h)
+					break
+				}
+			}
+		}
+	}
+	msg := fmt.Sprintf("DIFFERENTIAL MISMATCH (seed %d)\n%s\n", r.seed, fmt.Sprintf(format, args...))
+	if len(related) > 0 {
+		msg += "earlier operations on these paths:\n  " + strings.Join(related, "\n  ") + "\n"
+	}
+	r.t.Fatalf("%slast operations:\n  %s", msg, strings.Join(last, "\n  "))
+}
+
+// quotedPaths returns the %q-quoted strings of an operation description.
+func quotedPaths(desc string) []string {
+	var out []string
+	for {
+		i := strings.IndexByte(desc, '"')
+		if i < 0 {
+			return out
+		}
+		j := strings.IndexByte(desc[i+1:], '"')
+		if j < 0 {
+			return out
+		}
+		if p := desc[i+1 : i+1+j]; p != "" {
+			out = append(out, p)
+		}
+		desc = desc[i+j+2:]
+	}
+}
+
+func (r *diffRun) compareTrees(when string) {
+	r.t.Helper()
+	want, err := walkTree(r.ref, viewOpts)
+	if err != nil {
+		r.t.Fatalf("walk plain dir: %v", err)
+	}
+	got, err := walkTree(r.sb.mnt, viewOpts)
+	if err != nil {
+		r.fail("", "%s: walk the mount: %v", when, err)
+	}
+	if d := diffTrees(want, got, 25); len(d) > 0 {
+		var about []string
+		for _, l := range d {
+			if p, _, ok := strings.Cut(l, ": "); ok {
+				about = append(about, fmt.Sprintf("%q", strings.TrimPrefix(p, "/")))
+			}
+		}
+		r.fail(strings.Join(about, " "), "%s: the mount differs from the plain directory (want = plain dir):\n  %s", when, strings.Join(d, "\n  "))
+	}
+}
+
+// refresh lists the plain directory: the generator picks from it, so a
+// seed gives the same operations whatever sbxfs does.
+func (r *diffRun) refresh() {
+	r.ents = r.ents[:0]
+	var walk func(rel string)
+	walk = func(rel string) {
+		f, err := os.Open(filepath.Join(r.ref, rel))
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		names, err := f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		slices.Sort(names)
+		for _, n := range names {
+			p := filepath.Join(rel, n)
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(r.ref, p), &st); err != nil {
+				r.t.Fatal(err)
+			}
+			r.ents = append(r.ents, diffEnt{rel: p, mode: st.Mode, size: st.Size})
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				walk(p)
+			}
+		}
+	}
+	walk("")
+}
+
+// --- picking paths ---
+
+var diffNames = []string{"n0", "n1", "n2", "n3", "x", "y", "f01", "b", "new dir"}
+
+func (r *diffRun) pick(filter func(diffEnt) bool) (diffEnt, bool) {
+	var c []diffEnt
+	for _, e := range r.ents {
+		if filter(e) {
+			c = append(c, e)
+		}
+	}
+	if len(c) == 0 {
+		return diffEnt{}, false
+	}
+	return c[r.rng.Intn(len(c))], true
+}
+
+func isDirEnt(e diffEnt) bool  { return e.mode&unix.S_IFMT == unix.S_IFDIR }
+func isFileEnt(e diffEnt) bool { return e.mode&unix.S_IFMT == unix.S_IFREG }
+func anyEnt(diffEnt) bool      { return true }
+
+// dir returns an existing directory ("" is the root).
+func (r *diffRun) dir() string {
+	if r.rng.Intn(5) == 0 {
+		return ""
+	}
+	if e, ok := r.pick(isDirEnt); ok {
+		return e.rel
+	}
+	return ""
+}
+
+// newPath returns a name in an existing directory, which may exist.
+func (r *diffRun) newPath() string {
+	return filepath.Join(r.dir(), diffNames[r.rng.Intn(len(diffNames))])
+}
+
+// existing returns an existing path passing filter (often), else a new one.
+func (r *diffRun) existing(filter func(diffEnt) bool) string {
+	if r.rng.Intn(8) != 0 {
+		if e, ok := r.pick(filter); ok {
+			return e.rel
+		}
+	}
+	return r.newPath()
+}
+
+// openPath returns, now and then, the path of a file the run holds open
+// (when it still exists), so that unlinks and renames meet open files.
+func (r *diffRun) openPath() (string, bool) {
+	if avoiding("openunlink") || r.rng.Intn(4) != 0 {
+		return "", false
+	}
+	k := r.slot()
+	if r.fds[0][k] < 0 || !r.exists(r.fdPath[k]) {
+		return "", false
+	}
+	return r.fdPath[k], true
+}
+
+func (r *diffRun) isDir(rel string) bool {
+	for _, e := range r.ents {
+		if e.rel == rel {
+			return isDirEnt(e)
+		}
+	}
+	return false
+}
+
+func (r *diffRun) exists(rel string) bool {
+	return slices.ContainsFunc(r.ents, func(e diffEnt) bool { return e.rel == rel })
+}
+
+func (r *diffRun) fileSize(rel string) int64 {
+	for _, e := range r.ents {
+		if e.rel == rel {
+			return e.size
+		}
+	}
+	return 0
+}

@@ -1,0 +1,516 @@
+package tests
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+var pastTime = time.Date(2020, 1, 2, 3, 4, 5, 600, time.UTC)
+
+func setTimes(t testing.TB, p string, tm time.Time) {
+	t.Helper()
+	ts := unix.NsecToTimespec(tm.UnixNano())
+	require.NoError(t, unix.UtimesNanoAt(unix.AT_FDCWD, p, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW))
+}
+
+func getxattr(t testing.TB, p, name string) string {
+	t.Helper()
+	v, err := fsutil.LGetXattr(p, name)
+	require.NoError(t, err, "getxattr %s %s", p, name)
+	return string(v)
+}
+
+func listDir(t testing.TB, p string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(p)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	return names
+}
+
+func isWhiteout(t testing.TB, p string) bool {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return false
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
+}
+
+// TestCopyUpOnce: the first write to an original file copies it into the
+// upper with its mode, owner and attributes; the original is untouched and
+// later writes go to the same copy.
+func TestCopyUpOnce(t *testing.T) {
+	orig := newOrig(t, map[string]string{
+		"data.txt":    "original content\n",
+		"meta.txt":    "meta content\n",
+		"other/x.txt": "x\n",
+	})
+	for _, name := range []string{"data.txt", "meta.txt"} {
+		p := filepath.Join(orig, name)
+		require.NoError(t, os.Lchown(p, 1234, 2345))
+		require.NoError(t, os.Chmod(p, 0o640))
+		require.NoError(t, unix.Setxattr(p, "user.color", []byte("blue"), 0))
+		require.NoError(t, unix.Setxattr(p, "user.empty", nil, 0))
+		setTimes(t, p, pastTime)
+	}
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+
+	// Through the mount, before any change, the file is the original.
+	st := lstat(t, sb.path("data.txt"))
+	assert.Equal(t, uint32(0o640), st.Mode&0o7777, "mode through the mount")
+	assert.Equal(t, [2]uint32{1234, 2345}, [2]uint32{st.Uid, st.Gid}, "owner through the mount")
+	assert.Equal(t, pastTime.UnixNano(), st.Mtim.Nano(), "mtime through the mount")
+	assert.Equal(t, "blue", getxattr(t, sb.path("data.txt"), "user.color"))
+
+	require.NoError(t, appendFile(sb.path("data.txt"), []byte("write 1\n")))
+	up := sb.upperPath("data.txt")
+	ust := lstat(t, up)
+	assert.Equal(t, uint32(unix.S_IFREG|0o640), ust.Mode, "upper copy: type and mode")
+	assert.Equal(t, [2]uint32{1234, 2345}, [2]uint32{ust.Uid, ust.Gid}, "upper copy: owner")
+	assert.Equal(t, "blue", getxattr(t, up, "user.color"), "upper copy: user.color")
+	assert.Equal(t, "", getxattr(t, up, "user.empty"), "upper copy: empty user.empty")
+
+	require.NoError(t, appendFile(sb.path("data.txt"), []byte("write 2\n")))
+	ust2 := lstat(t, up)
+	assert.Equal(t, ust.Ino, ust2.Ino, "the second write copied the file up again")
+	want := "original content\nwrite 1\nwrite 2\n"
+	assert.Equal(t, want, mustRead(t, sb.path("data.txt")), "content through the mount")
+	assert.Equal(t, want, mustRead(t, up), "content of the upper copy")
+	st = lstat(t, sb.path("data.txt"))
+	assert.Equal(t, uint32(0o640), st.Mode&0o7777, "mode through the mount after the writes")
+	assert.Equal(t, [2]uint32{1234, 2345}, [2]uint32{st.Uid, st.Gid}, "owner through the mount after the writes")
+
+	// A metadata-only copy-up keeps the content and the mtime too.
+	require.NoError(t, unix.Setxattr(sb.path("meta.txt"), "user.added", []byte("1"), 0))
+	mup := sb.upperPath("meta.txt")
+	mst := lstat(t, mup)
+	assert.Equal(t, pastTime.UnixNano(), mst.Mtim.Nano(), "mtime of a copy made for setxattr")
+	assert.Equal(t, uint32(unix.S_IFREG|0o640), mst.Mode)
+	assert.Equal(t, [2]uint32{1234, 2345}, [2]uint32{mst.Uid, mst.Gid})
+	assert.Equal(t, "meta content\n", mustRead(t, mup))
+	assert.Equal(t, "blue", getxattr(t, mup, "user.color"))
+	assert.Equal(t, "1", getxattr(t, sb.path("meta.txt"), "user.added"))
+
+	// Nothing else was copied up.
+	_, err := os.Lstat(sb.upperPath("other"))
+	assert.True(t, errors.Is(err, os.ErrNotExist), "an untouched directory was copied up: %v", err)
+}
+
+// TestInodeStability: st_ino stays through copy-up, chmod, truncate,
+// rename and remount; hard links share it and count right; st_dev is the
+// mount's.
+func TestInodeStability(t *testing.T) {
+	orig := newOrig(t, map[string]string{
+		"a.txt":         "aaaa\n",
+		"o.txt":         "o\n",
+		"d/child.txt":   "child\n",
+		"d/sub/g.txt":   "g\n",
+		"keep/file.txt": "k\n",
+	})
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+	ino := func(rel string) uint64 { st := lstat(t, sb.path(rel)); return st.Ino }
+
+	a0 := ino("a.txt")
+	require.NoError(t, appendFile(sb.path("a.txt"), []byte("more")))
+	assert.Equal(t, a0, ino("a.txt"), "st_ino changed by the copy-up")
+	require.NoError(t, os.Chmod(sb.path("a.txt"), 0o600))
+	assert.Equal(t, a0, ino("a.txt"), "st_ino changed by chmod")
+	require.NoError(t, os.Truncate(sb.path("a.txt"), 2))
+	assert.Equal(t, a0, ino("a.txt"), "st_ino changed by truncate")
+	require.NoError(t, os.Mkdir(sb.path("moved"), 0o755))
+	require.NoError(t, os.Rename(sb.path("a.txt"), sb.path("moved/a2.txt")))
+	assert.Equal(t, a0, ino("moved/a2.txt"), "st_ino changed by rename")
+
+	d0, c0, g0 := ino("d"), ino("d/child.txt"), ino("d/sub/g.txt")
+	require.NoError(t, os.Rename(sb.path("d"), sb.path("d2")))
+	assert.Equal(t, d0, ino("d2"), "st_ino of a renamed original directory")
+	assert.Equal(t, c0, ino("d2/child.txt"), "st_ino of a child of a renamed original directory")
+	assert.Equal(t, g0, ino("d2/sub/g.txt"), "st_ino of a grandchild of a renamed original directory")
+
+	require.NoError(t, os.WriteFile(sb.path("c.txt"), []byte("new"), 0o644))
+	c1 := ino("c.txt")
+	keep := ino("keep/file.txt")
+
+	// Hard links made in the mount.
+	require.NoError(t, os.WriteFile(sb.path("h1"), []byte("h"), 0o644))
+	require.NoError(t, os.Link(sb.path("h1"), sb.path("h2")))
+	h1, h2 := lstat(t, sb.path("h1")), lstat(t, sb.path("h2"))
+	assert.Equal(t, h1.Ino, h2.Ino, "hard links have different st_ino")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{h1.Nlink, h2.Nlink}, "nlink of two hard links")
+	o0 := ino("o.txt")
+	require.NoError(t, os.Link(sb.path("o.txt"), sb.path("o-link")))
+	ol, oo := lstat(t, sb.path("o-link")), lstat(t, sb.path("o.txt"))
+	assert.Equal(t, [2]uint64{o0, o0}, [2]uint64{oo.Ino, ol.Ino}, "st_ino of an original file and its new hard link")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{oo.Nlink, ol.Nlink}, "nlink of an original file and its new hard link")
+	require.NoError(t, os.Remove(sb.path("h2")))
+	h1 = lstat(t, sb.path("h1"))
+	assert.Equal(t, uint64(1), h1.Nlink, "nlink after unlinking one of two links")
+
+	// st_dev: every object shows the mount's device.
+	mst := lstat(t, sb.mnt)
+	var ost unix.Stat_t
+	require.NoError(t, unix.Stat(orig, &ost))
+	assert.NotEqual(t, ost.Dev, mst.Dev, "the mount shows the original's st_dev")
+	for _, rel := range []string{"moved/a2.txt", "d2", "d2/child.txt", "c.txt", "keep/file.txt", "h1"} {
+		assert.Equal(t, mst.Dev, lstat(t, sb.path(rel)).Dev, "st_dev of %s", rel)
+	}
+
+	remount(t, sb)
+	assert.Equal(t, a0, ino("moved/a2.txt"), "st_ino of a copied-up, renamed file after remount")
+	assert.Equal(t, d0, ino("d2"), "st_ino of a renamed original directory after remount")
+	assert.Equal(t, c0, ino("d2/child.txt"), "st_ino of a child of a renamed directory after remount")
+	assert.Equal(t, c1, ino("c.txt"), "st_ino of a created file after remount")
+	assert.Equal(t, keep, ino("keep/file.txt"), "st_ino of an untouched original file after remount")
+	assert.Equal(t, h1.Ino, ino("h1"), "st_ino of a hard link after remount")
+	ol, oo = lstat(t, sb.path("o-link")), lstat(t, sb.path("o.txt"))
+	assert.Equal(t, [2]uint64{o0, o0}, [2]uint64{oo.Ino, ol.Ino}, "st_ino of a linked original after remount")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{oo.Nlink, ol.Nlink}, "nlink of a linked original after remount")
+}
+
+func preadAll(t testing.TB, fd int) string {
+	t.Helper()
+	var out []byte
+	buf := make([]byte, 4096)
+	for off := int64(0); ; {
+		n, err := unix.Pread(fd, buf, off)
+		require.NoError(t, err)
+		if n == 0 {
+			return string(out)
+		}
+		out = append(out, buf[:n]...)
+		off += int64(n)
+	}
+}
+
+// TestOpenFdSeesCopyUp: a descriptor opened read-only on an original file
+// before the file is copied up reads what is written later (as on a plain
+// filesystem); writes never reach the original, also through mmap.
+func TestOpenFdSeesCopyUp(t *testing.T) {
+	orig := newOrig(t, map[string]string{
+		"f.txt":   "old content",
+		"g.txt":   "old g content",
+		"h.txt":   "old h content",
+		"map.bin": strings.Repeat("o", 8192),
+	})
+	originalGuard(t, orig)
+	for _, pt := range []string{"passthrough", "no passthrough"} {
+		t.Run(pt, func(t *testing.T) {
+			var opts []mountOption
+			if pt == "no passthrough" {
+				opts = append(opts, withNoPassthrough())
+			}
+			testOpenFdSeesCopyUp(t, orig, mountSandbox(t, orig, opts...))
+		})
+	}
+}
+
+func testOpenFdSeesCopyUp(t *testing.T, orig string, sb *sandbox) {
+	t.Run("reader before a truncating writer", func(t *testing.T) {
+		fd1, err := unix.Open(sb.path("f.txt"), unix.O_RDONLY, 0)
+		require.NoError(t, err)
+		defer unix.Close(fd1)
+		assert.Equal(t, "old content", preadAll(t, fd1))
+		require.NoError(t, os.WriteFile(sb.path("f.txt"), []byte("new content!"), 0o644))
+		assert.Equal(t, "new content!", preadAll(t, fd1), "read through the descriptor opened before the copy-up")
+		var st unix.Stat_t
+		require.NoError(t, unix.Fstat(fd1, &st))
+		assert.Equal(t, int64(12), st.Size, "fstat through the old descriptor")
+	})
+	t.Run("reader and writer open together", func(t *testing.T) {
+		fd1, err := unix.Open(sb.path("g.txt"), unix.O_RDONLY, 0)
+		require.NoError(t, err)
+		defer unix.Close(fd1)
+		assert.Equal(t, "old g content", preadAll(t, fd1))
+		fd2, err := unix.Open(sb.path("g.txt"), unix.O_RDWR, 0)
+		require.NoError(t, err)
+		defer unix.Close(fd2)
+		_, err = unix.Pwrite(fd2, []byte("NEW"), 0)
+		require.NoError(t, err)
+		assert.Equal(t, "NEW g content", preadAll(t, fd1), "reader sees the writer's bytes (writer still open)")
+		assert.Equal(t, "NEW g content", preadAll(t, fd2))
+		fd3, err := unix.Open(sb.path("g.txt"), unix.O_RDONLY, 0)
+		require.NoError(t, err)
+		defer unix.Close(fd3)
+		assert.Equal(t, "NEW g content", preadAll(t, fd3), "a reader opened after the copy-up")
+	})
+	t.Run("writer first then reader then writer closes", func(t *testing.T) {
+		fd2, err := unix.Open(sb.path("h.txt"), unix.O_WRONLY, 0)
+		require.NoError(t, err)
+		fd1, err := unix.Open(sb.path("h.txt"), unix.O_RDONLY, 0)
+		require.NoError(t, err)
+		defer unix.Close(fd1)
+		_, err = unix.Pwrite(fd2, []byte("HHH"), 4)
+		require.NoError(t, err)
+		require.NoError(t, unix.Close(fd2))
+		assert.Equal(t, "old HHHontent", preadAll(t, fd1), "reader opened after the copy-up, writer closed")
+	})
+	t.Run("mmap MAP_SHARED", func(t *testing.T) {
+		for _, name := range []string{"map.bin", "new.bin"} {
+			p := sb.path(name)
+			fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT, 0o644)
+			require.NoError(t, err)
+			require.NoError(t, unix.Ftruncate(fd, 8192))
+			m, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			require.NoError(t, err)
+			copy(m[100:], "written through mmap")
+			require.NoError(t, unix.Msync(m, unix.MS_SYNC))
+			require.NoError(t, unix.Munmap(m))
+			require.NoError(t, unix.Close(fd))
+			got := mustRead(t, p)
+			assert.Equal(t, "written through mmap", got[100:120], "%s: read(2) after an mmap write", name)
+			assert.Len(t, got, 8192)
+		}
+		assert.Equal(t, strings.Repeat("o", 8192), mustRead(t, filepath.Join(orig, "map.bin")), "mmap write reached the original")
+	})
+}
+
+// TestWhiteoutsAndOpaqueDirs checks the upper's kernel-overlayfs layout.
+func TestWhiteoutsAndOpaqueDirs(t *testing.T) {
+	orig := newOrig(t, map[string]string{
+		"gone.txt":          "gone",
+		"tree/a.txt":        "a",
+		"tree/sub/b.txt":    "b",
+		"moved/x.txt":       "x",
+		"moved/deep/y.txt":  "y",
+		"moved/.hidden":     "h",
+		"moved/deep/z/zz/w": "w",
+	})
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+	xp := sb.xattrPrefix()
+
+	require.NoError(t, os.Remove(sb.path("gone.txt")))
+	assert.True(t, isWhiteout(t, sb.upperPath("gone.txt")), "deleting an original file leaves no char 0/0 whiteout")
+	_, err := os.Lstat(sb.path("gone.txt"))
+	assert.True(t, errors.Is(err, os.ErrNotExist), "deleted file still visible: %v", err)
+
+	require.NoError(t, os.RemoveAll(sb.path("tree")))
+	require.NoError(t, os.Mkdir(sb.path("tree"), 0o755))
+	assert.Empty(t, listDir(t, sb.path("tree")), "old children visible in a re-created directory")
+	out, err := runTimeout(10*time.Second, "getfattr", "-n", xp+"opaque", "--only-values", "--absolute-names", sb.upperPath("tree"))
+	assert.NoError(t, err, "getfattr %sopaque: %s", xp, out)
+	assert.Equal(t, "y", string(out), "opaque mark of the re-created directory")
+	_, err = os.Lstat(sb.path("tree/a.txt"))
+	assert.True(t, errors.Is(err, os.ErrNotExist), "old child reachable by name: %v", err)
+
+	require.NoError(t, os.Rename(sb.path("moved"), sb.path("renamed")))
+	assert.Equal(t, []string{".hidden", "deep", "x.txt"}, listDir(t, sb.path("renamed")))
+	assert.Equal(t, "y", mustRead(t, sb.path("renamed/deep/y.txt")))
+	assert.Equal(t, "w", mustRead(t, sb.path("renamed/deep/z/zz/w")))
+	_, err = os.Lstat(sb.path("moved"))
+	assert.True(t, errors.Is(err, os.ErrNotExist), "old name still visible: %v", err)
+	assert.Equal(t, "/moved", getxattr(t, sb.upperPath("renamed"), xp+"redirect"), "redirect of the renamed directory")
+	ents, err := os.ReadDir(sb.upperPath("renamed"))
+	require.NoError(t, err)
+	assert.Empty(t, ents, "the children of a renamed original directory were copied into the upper")
+	assert.True(t, isWhiteout(t, sb.upperPath("moved")), "no whiteout at the old name of the renamed directory")
+}
+
+// TestKernelOverlayReadsUpper: after unmounting, kernel overlayfs mounts
+// the same original and upper and shows the tree the sbxfs mount showed.
+func TestKernelOverlayReadsUpper(t *testing.T) {
+	orig := newOrig(t, map[string]string{
+		"keep.txt":           "keep",
+		"mod.txt":            "modify me",
+		"del.txt":            "delete me",
+		"deldir/a":           "a",
+		"deldir/b/c":         "c",
+		"recreate/old1":      "1",
+		"recreate/sub/old2":  "2",
+		"mvdir/child":        "child",
+		"mvdir/sub/grand":    "grand",
+		"mvfile.txt":         "mv",
+		"meta.txt":           "meta",
+		"link":               "->keep.txt",
+		"nested/deep/f.txt":  "deep",
+		"nested/deep/g.txt":  "g",
+		"nested/other/h.txt": "h",
+	})
+	require.NoError(t, unix.Setxattr(filepath.Join(orig, "meta.txt"), "user.orig", []byte("o"), 0))
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+	m := sb.path
+	require.NoError(t, appendFile(m("mod.txt"), []byte(" - modified")))
+	require.NoError(t, os.Remove(m("del.txt")))
+	require.NoError(t, os.RemoveAll(m("deldir")))
+	require.NoError(t, os.RemoveAll(m("recreate")))
+	require.NoError(t, os.MkdirAll(m("recreate/sub"), 0o755))
+	require.NoError(t, os.WriteFile(m("recreate/new"), []byte("new"), 0o644))
+	require.NoError(t, os.Rename(m("mvdir"), m("mvdir2")))
+	require.NoError(t, os.Rename(m("mvfile.txt"), m("nested/mvfile.txt")))
+	require.NoError(t, os.Chmod(m("meta.txt"), 0o600))
+	require.NoError(t, unix.Setxattr(m("meta.txt"), "user.new", []byte("n"), 0))
+	require.NoError(t, os.Remove(m("nested/deep/g.txt")))
+	require.NoError(t, os.WriteFile(m("nested/deep/new.txt"), []byte("n"), 0o640))
+	require.NoError(t, os.MkdirAll(m("newdir/x/y"), 0o750))
+	require.NoError(t, os.Symlink("../keep.txt", m("newdir/ln")))
+	require.NoError(t, os.Link(m("newdir/../keep.txt"), m("newdir/hard")))
+	require.NoError(t, unix.Mkfifo(m("newdir/fifo"), 0o600))
+	want := mustWalk(t, sb.mnt, viewOpts)
+	require.NoError(t, sb.stop(), "unmount sbxfs")
+
+	kwork := filepath.Join(sb.state, "kernel-work")
+	require.NoError(t, os.Mkdir(kwork, 0o700))
+	kmnt := filepath.Join(t.TempDir(), "kmnt")
+	require.NoError(t, os.Mkdir(kmnt, 0o755))
+	registerMount(kmnt)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", orig, sb.upper, kwork)
+	if p, err := os.ReadFile("/sys/module/overlay/parameters/redirect_dir"); err == nil && strings.TrimSpace(string(p)) != "Y" {
+		// The kernel follows redirects only when asked here.
+		opts += ",redirect_dir=on"
+	}
+	out, err := runTimeout(20*time.Second, "mount", "-t", "overlay", "overlay", "-o", opts, kmnt)
+	if err != nil {
+		if _, serr := os.Stat("/sys/module/overlay"); serr != nil {
+			t.Skipf("kernel overlayfs is not available: %v %s", err, out)
+		}
+		t.Fatalf("mount -t overlay -o %s: %v %s", opts, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := runTimeout(20*time.Second, "umount", kmnt); err != nil {
+			t.Errorf("umount %s: %v %s", kmnt, err, out)
+			_, _ = runTimeout(10*time.Second, "umount", "-l", kmnt)
+		}
+	})
+	t.Logf("mount -t overlay -o %s", opts)
+	got := mustWalk(t, kmnt, viewOpts)
+	if d := diffTrees(want, got, 40); len(d) > 0 {
+		t.Errorf("kernel overlayfs shows another tree than the sbxfs mount did (want = sbxfs):\n  %s", strings.Join(d, "\n  "))
+	}
+}
+
+// TestSeveralLowers: a stack of two read-only layers; the upper layer of
+// the stack (the original) hides a file of the lower one with a whiteout
+// and a directory's contents with an opaque mark.
+func TestSeveralLowers(t *testing.T) {
+	lower2 := newOrig(t, map[string]string{
+		"only2.txt":  "from lower 2",
+		"gone.txt":   "hidden by a whiteout",
+		"op/x.txt":   "hidden by an opaque dir",
+		"m/b.txt":    "b from lower 2",
+		"shadow.txt": "lower 2 version",
+	})
+	orig := newOrig(t, map[string]string{
+		"op/y.txt":   "y",
+		"m/a.txt":    "a",
+		"shadow.txt": "original version",
+	})
+	require.NoError(t, unix.Mknod(filepath.Join(orig, "gone.txt"), unix.S_IFCHR, 0))
+	require.NoError(t, unix.Lsetxattr(filepath.Join(orig, "op"), "trusted.overlay.opaque", []byte("y"), 0))
+
+	check := func(t *testing.T, ls func(string) ([]string, error), read func(string) (string, error)) {
+		names, err := ls("")
+		require.NoError(t, err)
+		assert.Equal(t, []string{"m", "only2.txt", "op", "shadow.txt"}, names, "root listing")
+		names, err = ls("op")
+		require.NoError(t, err)
+		assert.Equal(t, []string{"y.txt"}, names, "opaque dir listing")
+		names, err = ls("m")
+		require.NoError(t, err)
+		assert.Equal(t, []string{"a.txt", "b.txt"}, names, "merged dir listing")
+		for p, want := range map[string]string{"only2.txt": "from lower 2", "shadow.txt": "original version", "m/b.txt": "b from lower 2"} {
+			got, err := read(p)
+			require.NoError(t, err, p)
+			assert.Equal(t, want, got, p)
+		}
+		for _, p := range []string{"gone.txt", "op/x.txt"} {
+			_, err := read(p)
+			assert.True(t, errors.Is(err, unix.ENOENT), "%s: want ENOENT, got %v", p, err)
+		}
+	}
+
+	t.Run("mount", func(t *testing.T) {
+		originalGuard(t, orig)
+		originalGuard(t, lower2)
+		sb := mountSandbox(t, orig, withLowers(lower2))
+		check(t, func(rel string) ([]string, error) {
+			ents, err := os.ReadDir(sb.path(rel))
+			var n []string
+			for _, e := range ents {
+				n = append(n, e.Name())
+			}
+			slices.Sort(n)
+			return n, err
+		}, func(rel string) (string, error) {
+			b, err := os.ReadFile(sb.path(rel))
+			return string(b), err
+		})
+		require.NoError(t, appendFile(sb.path("only2.txt"), []byte("+")))
+		assert.Equal(t, "from lower 2+", mustRead(t, sb.upperPath("only2.txt")), "copy-up from the second lower")
+		require.NoError(t, os.Remove(sb.path("m/b.txt")))
+		assert.Equal(t, []string{"a.txt"}, listDir(t, sb.path("m")))
+		assert.True(t, isWhiteout(t, sb.upperPath("m/b.txt")), "whiteout for a file of the second lower")
+		require.NoError(t, os.Mkdir(sb.path("gone.txt"), 0o755), "mkdir over a lower whiteout")
+		assert.Empty(t, listDir(t, sb.path("gone.txt")))
+	})
+	t.Run("layers.Open", func(t *testing.T) {
+		// The same stack without a mount, through the layers API.
+		checkLayersStack(t, orig, lower2, check)
+	})
+}
+
+// TestRenameOverDeletedName: a name whose original object was deleted is
+// free: renaming a directory (or a file) to it works, as on a plain
+// filesystem (`rm -rf build && mv build.new build`).
+func TestRenameOverDeletedName(t *testing.T) {
+	orig := newOrig(t, map[string]string{
+		"build/out.o": "o", "build/sub/x": "x", "old.txt": "old", "f.txt": "f", "keep/k": "k",
+	})
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+	require.NoError(t, os.RemoveAll(sb.path("build")))
+	require.NoError(t, os.MkdirAll(sb.path("build.new/sub"), 0o755))
+	require.NoError(t, os.WriteFile(sb.path("build.new/sub/y"), []byte("y"), 0o644))
+	assert.NoError(t, os.Rename(sb.path("build.new"), sb.path("build")), "rename a new directory to a deleted directory's name")
+	assert.Equal(t, []string{"sub"}, listDir(t, sb.path("build")))
+
+	require.NoError(t, os.Remove(sb.path("old.txt")))
+	require.NoError(t, os.Mkdir(sb.path("newdir"), 0o755))
+	assert.NoError(t, os.Rename(sb.path("newdir"), sb.path("old.txt")), "rename a new directory to a deleted file's name")
+
+	require.NoError(t, os.Remove(sb.path("f.txt")))
+	assert.NoError(t, os.Rename(sb.path("keep"), sb.path("f.txt")), "rename an original directory to a deleted file's name")
+	assert.Equal(t, "k", mustRead(t, sb.path("f.txt/k")))
+}
+
+// TestCopyUpKeepsParentTimes: copying a file up must not change the
+// modification time of its directories (kernel overlayfs restores them);
+// on a plain filesystem writing to a file leaves its directory alone.
+func TestCopyUpKeepsParentTimes(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/sub/f": "f", "d/sub/g": "g", "e/h": "h"})
+	for _, p := range []string{"d/sub/f", "d/sub/g", "e/h", "d/sub", "d", "e", ""} {
+		setTimes(t, filepath.Join(orig, p), pastTime)
+	}
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+	require.NoError(t, appendFile(sb.path("d/sub/f"), []byte("+")))             // data copy-up
+	require.NoError(t, unix.Setxattr(sb.path("e/h"), "user.x", []byte("1"), 0)) // metadata copy-up
+	remount(t, sb)                                                              // no attribute cached by the kernel
+	for _, p := range []string{"", "d", "d/sub", "e"} {
+		st := lstat(t, sb.path(p))
+		assert.Equal(t, pastTime.UnixNano(), st.Mtim.Nano(), "mtime of directory %q after a copy-up beneath it: %v",
+			p, time.Unix(st.Mtim.Sec, st.Mtim.Nsec).UTC())
+	}
+	g, h := lstat(t, sb.path("d/sub/g")), lstat(t, sb.path("e/h"))
+	assert.Equal(t, pastTime.UnixNano(), g.Mtim.Nano(), "mtime of an untouched sibling")
+	assert.Equal(t, pastTime.UnixNano(), h.Mtim.Nano(), "mtime of a file after setxattr")
+}
