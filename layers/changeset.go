@@ -222,7 +222,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	if !inLo {
 		c.Kind = Created
-		if to, ok := t.link[p]; ok {
+		if to, ok := t.link[p]; ok && l.sameUpperObject(p, to) {
 			c.Kind, c.From = Linked, to
 		}
 		return c, true, nil
@@ -391,4 +391,15 @@ func TypeName(mode uint32) string {
 		return "socket"
 	}
 	return "device"
+}
+
+// sameUpperObject reports whether the upper objects at a and b are one
+// inode (a hard link the journal recorded may since have been renamed or
+// replaced).
+func (l *Layers) sameUpperObject(a, b string) bool {
+	var sa, sb unix.Stat_t
+	if unix.Lstat(l.UpperPath(a), &sa) != nil || unix.Lstat(l.UpperPath(b), &sb) != nil {
+		return false
+	}
+	return sa.Ino == sb.Ino && sa.Dev == sb.Dev && !fsutil.IsWhiteout(&sa)
 }

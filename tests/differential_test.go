@@ -35,6 +35,8 @@ var flagDiffAvoid = flag.String("diff.avoid", "", "comma-separated known bugs th
 
 var flagDiffNoPassthrough = flag.Bool("diff.nopassthrough", false, "mount the differential tests' sandbox without FUSE passthrough")
 
+var flagDiffCommit = flag.Bool("diff.commit", false, "run TestDifferentialCommit (commit after random operations)")
+
 func avoiding(what string) bool {
 	return slices.Contains(strings.Split(*flagDiffAvoid, ","), what)
 }
@@ -201,6 +203,38 @@ func TestDifferential(t *testing.T) {
 	r.compareTrees("end")
 }
 
+// TestDifferentialCommit runs random operations through the mount, commits
+// the sandbox with the CLI, and compares the original with the plain
+// directory that got the same operations.
+func TestDifferentialCommit(t *testing.T) {
+	if !*flagDiffCommit {
+		t.Skip("KNOWN GAP (issue 3): commit planning still fails on some random histories (a parent missing at apply time); run with -diff.commit")
+	}
+	if cliBin == "" {
+		t.Skipf("needs the sbxfs CLI: %s", cliErr)
+	}
+	seed := diffSeed(t)
+	r := newDiffRunGuard(t, seed, false)
+	r.run(*flagDiffOps / 3)
+	r.compareTrees("before commit")
+	r.closeFds()
+	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "differential", r.sb.mnt)
+	if err != nil {
+		r.fail("", "sbxfs commit: %v\n%s", err, out)
+	}
+	want, err := walkTree(r.ref, viewOpts)
+	if err != nil {
+		t.Fatalf("walk plain dir: %v", err)
+	}
+	got, err := walkTree(r.sb.orig, viewOpts)
+	if err != nil {
+		t.Fatalf("walk the original: %v", err)
+	}
+	if d := diffTrees(want, got, 25); len(d) > 0 {
+		r.fail("", "after commit the original differs from the plain directory (want = plain dir):\n  %s", strings.Join(d, "\n  "))
+	}
+}
+
 // TestDifferentialRemount remounts the sandbox in the middle of the run:
 // the tree and the inode number of every object must survive.
 func TestDifferentialRemount(t *testing.T) {
@@ -273,9 +307,17 @@ func TestDifferentialRemount(t *testing.T) {
 }
 
 func newDiffRun(t *testing.T, seed int64) *diffRun {
+	return newDiffRunGuard(t, seed, true)
+}
+
+// newDiffRunGuard starts a run; guard checks the original is unchanged at
+// the end (off for a run that commits).
+func newDiffRunGuard(t *testing.T, seed int64, guard bool) *diffRun {
 	rng := rand.New(rand.NewSource(seed))
 	orig := makeDiffOriginal(t, rng)
-	originalGuard(t, orig)
+	if guard {
+		originalGuard(t, orig)
+	}
 	ref := copyTree(t, orig)
 	var opts []mountOption
 	if *flagDiffNoPassthrough {
