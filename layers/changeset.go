@@ -152,6 +152,20 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 			cs.Changes = append(cs.Changes, c)
 		}
 	}
+	// A link's other name must be something a commit can install: a path
+	// of the change set, or one the original has (its parents exist).
+	listed := map[string]bool{}
+	for _, c := range cs.Changes {
+		listed[c.Path] = true
+	}
+	for i, c := range cs.Changes {
+		if c.Kind != Linked || listed[c.From] {
+			continue
+		}
+		if _, inLo, err := l.resolveLower(c.From); err != nil || !inLo {
+			cs.Changes[i].Kind, cs.Changes[i].From = Created, ""
+		}
+	}
 	// A rename's source is gone by the rename itself.
 	renamedFrom := map[string]bool{}
 	for _, c := range cs.Changes {

@@ -220,7 +220,8 @@ func TestDifferentialCommit(t *testing.T) {
 	r.closeFds()
 	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "differential", r.sb.mnt)
 	if err != nil {
-		r.fail("", "sbxfs commit: %v\n%s", err, out)
+		st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
+		r.fail("", "sbxfs commit: %v\n%s\nsbxfs status:\n%s", err, out, st)
 	}
 	want, err := walkTree(r.ref, viewOpts)
 	if err != nil {
