@@ -24,7 +24,8 @@ func (x *Txn) Apply() (err error) {
 			x.fault("applying")
 		}
 		if err := x.apply(&x.log.Steps[i]); err != nil {
-			return &Error{Stage: StageApply, Paths: []string{x.log.Steps[i].Path}, Err: err}
+			s := &x.log.Steps[i]
+			return &Error{Stage: StageApply, Paths: []string{s.Path}, Err: fmt.Errorf("step %d (%s %s): %w", i, s.Kind, s.Path, err)}
 		}
 	}
 	x.fault("applied")

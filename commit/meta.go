@@ -6,8 +6,6 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // procPath names an O_PATH descriptor's object for the calls that take a
@@ -31,7 +29,9 @@ func metaOf(fd int) (*meta, error) {
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		return m, nil // no attributes we could carry on a symlink
 	}
-	names, err := fsutil.LListXattrs(procPath(fd))
+	// The /proc path is a magic link: the following calls reach the
+	// object (the l* ones would read the link itself).
+	names, err := listXattrs(procPath(fd))
 	if err != nil && !errors.Is(err, unix.ENOTSUP) {
 		return nil, err
 	}
@@ -39,7 +39,7 @@ func metaOf(fd int) (*meta, error) {
 		if isOverlayAttr(n) {
 			continue
 		}
-		v, err := fsutil.LGetXattr(procPath(fd), n)
+		v, err := getXattr(procPath(fd), n)
 		if err != nil {
 			continue
 		}
@@ -96,7 +96,7 @@ func (t *tree) setMeta(rel string, m *meta) error {
 }
 
 func setXattrs(p string, want map[string][]byte) error {
-	have, err := fsutil.LListXattrs(p)
+	have, err := listXattrs(p)
 	if err != nil && !errors.Is(err, unix.ENOTSUP) {
 		return err
 	}
@@ -116,4 +116,39 @@ func setXattrs(p string, want map[string][]byte) error {
 		}
 	}
 	return nil
+}
+
+// listXattrs and getXattr follow a final symlink (the /proc magic link).
+func listXattrs(p string) ([]string, error) {
+	for size := 1024; ; size *= 4 {
+		buf := make([]byte, size)
+		n, err := unix.Listxattr(p, buf)
+		if errors.Is(err, unix.ERANGE) && size < 1<<20 {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, name := range strings.Split(string(buf[:n]), "\x00") {
+			if name != "" {
+				out = append(out, name)
+			}
+		}
+		return out, nil
+	}
+}
+
+func getXattr(p, name string) ([]byte, error) {
+	for size := 1024; ; size *= 4 {
+		buf := make([]byte, size)
+		n, err := unix.Getxattr(p, name, buf)
+		if errors.Is(err, unix.ERANGE) && size < 1<<20 {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
 }

@@ -100,7 +100,11 @@ func plan(cs layers.ChangeSet) []step {
 	slices.SortFunc(paths, comparePaths)
 	steps := slices.Clone(p.phase1)
 	for _, k := range paths {
-		steps = append(steps, p.byPath[k]...)
+		// Whatever is at a path goes before anything comes in, whichever
+		// change asked for the detach.
+		group := p.byPath[k]
+		slices.SortStableFunc(group, func(a, b step) int { return detachFirst(a) - detachFirst(b) })
+		steps = append(steps, group...)
 	}
 	slices.SortStableFunc(p.metas, func(a, b step) int { return depth(b.Path) - depth(a.Path) })
 	return append(steps, p.metas...)
@@ -146,4 +150,11 @@ func depth(p string) int { return strings.Count(p, "/") }
 // right before everything beneath it.
 func comparePaths(a, b string) int {
 	return slices.Compare(strings.Split(a, "/"), strings.Split(b, "/"))
+}
+
+func detachFirst(s step) int {
+	if s.Kind == opDetach {
+		return 0
+	}
+	return 1
 }
