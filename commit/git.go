@@ -336,6 +336,9 @@ func CheckGitWorkTree(root string) error {
 func GitPaths(changes []layers.Change) []string {
 	var out []string
 	for _, c := range changes {
+		if c.Path == "" {
+			continue // the root's own metadata: git records none
+		}
 		out = append(out, c.Path)
 		if c.From != "" && c.Kind == layers.Renamed {
 			out = append(out, c.From)

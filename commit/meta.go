@@ -64,6 +64,9 @@ func (t *tree) metaAt(rel string) (*meta, error) {
 // setMeta gives rel in t the metadata m: owner, mode, attributes (those
 // not in m are removed), times last.
 func (t *tree) setMeta(rel string, m *meta) error {
+	if rel == "" {
+		return t.setRootMeta(m)
+	}
 	dfd, name, err := t.parent(rel)
 	if err != nil {
 		return err
@@ -151,4 +154,20 @@ func getXattr(p, name string) ([]byte, error) {
 		}
 		return buf[:n], nil
 	}
+}
+
+// setRootMeta gives the root directory itself the metadata m.
+func (t *tree) setRootMeta(m *meta) error {
+	p := procPath(t.fd)
+	if err := unix.Fchownat(t.fd, "", int(m.Uid), int(m.Gid), unix.AT_EMPTY_PATH); err != nil && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	if err := unix.Chmod(p, m.Mode&0o7777); err != nil {
+		return err
+	}
+	if err := setXattrs(p, m.Xattrs); err != nil {
+		return err
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(m.Atime), unix.NsecToTimespec(m.Mtime)}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
 }

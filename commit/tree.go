@@ -53,6 +53,10 @@ func (t *tree) parent(rel string) (int, string, error) {
 // lstat stats rel without following a symlink at its end.
 func (t *tree) lstat(rel string) (unix.Stat_t, error) {
 	var st unix.Stat_t
+	if rel == "" {
+		err := unix.Fstat(t.fd, &st)
+		return st, err
+	}
 	dfd, name, err := t.parent(rel)
 	if err != nil {
 		return st, err
@@ -110,8 +114,12 @@ func (t *tree) rmdir(rel string) error {
 	return unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR)
 }
 
-// openObj opens rel itself (O_PATH, never following a symlink).
+// openObj opens rel itself (O_PATH, never following a symlink); "" is
+// the root.
 func (t *tree) openObj(rel string) (int, error) {
+	if rel == "" {
+		return unix.Dup(t.fd)
+	}
 	dfd, name, err := t.parent(rel)
 	if err != nil {
 		return -1, err

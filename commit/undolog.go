@@ -113,7 +113,7 @@ func decodeUndoLog(b []byte) (*undoLog, error) {
 			return nil, fmt.Errorf("%w: step %d: kind %q", ErrUndoLog, i, s.Kind)
 		}
 		p, err := fsutil.CleanRel(s.Path)
-		if err != nil || p == "" || p != s.Path {
+		if err != nil || (p == "" && s.Kind != opMeta) || p != s.Path {
 			return nil, fmt.Errorf("%w: step %d: path %q", ErrUndoLog, i, s.Path)
 		}
 		if s.Slot != "" {

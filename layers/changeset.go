@@ -197,7 +197,7 @@ func (t *touched) counterpart(p string) string {
 // classify compares the final overlay state of p with the original's.
 func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if p == "" {
-		return Change{}, false, nil
+		return l.classifyRoot()
 	}
 	ov, inOv, err := l.resolve(p)
 	if err != nil {
@@ -416,4 +416,20 @@ func (l *Layers) sameUpperObject(a, b string) bool {
 		return false
 	}
 	return sa.Ino == sb.Ino && sa.Dev == sb.Dev && !fsutil.IsWhiteout(&sa)
+}
+
+// classifyRoot reports a metadata change of the root (mode, owner, times
+// of a kind a user sets, xattrs): the root is always in the upper.
+func (l *Layers) classifyRoot() (Change, bool, error) {
+	var ust, lst unix.Stat_t
+	if err := unix.Lstat(l.upper, &ust); err != nil {
+		return Change{}, false, err
+	}
+	if err := unix.Lstat(l.lowers[0], &lst); err != nil {
+		return Change{}, false, err
+	}
+	if ust.Mode == lst.Mode && ust.Uid == lst.Uid && ust.Gid == lst.Gid && l.sameXattrs(l.upper, l.lowers[0]) {
+		return Change{}, false, nil
+	}
+	return Change{Path: "", Kind: Metadata, Type: "dir"}, true, nil
 }

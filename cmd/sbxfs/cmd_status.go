@@ -182,6 +182,9 @@ func summary(n int, counts map[layers.ChangeKind]int) string {
 // quotePath returns p as is, or quoted with strconv.Quote when it holds
 // control characters or invalid UTF-8 (so one change stays on one line).
 func quotePath(p string) string {
+	if p == "" {
+		return "." // the sandbox's root
+	}
 	if !utf8.ValidString(p) {
 		return strconv.Quote(p)
 	}
