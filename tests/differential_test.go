@@ -208,7 +208,7 @@ func TestDifferential(t *testing.T) {
 // directory that got the same operations.
 func TestDifferentialCommit(t *testing.T) {
 	if !*flagDiffCommit {
-		t.Skip("KNOWN GAP (issue 3): commit planning still fails on some random histories (a parent missing at apply time); run with -diff.commit")
+		t.Skip("KNOWN GAP (issue 3): commit still fails on some random histories (a deletion left, a parent missing at apply time, a false conflict); run with -diff.commit")
 	}
 	if cliBin == "" {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
