@@ -232,7 +232,13 @@ func TestDifferentialCommit(t *testing.T) {
 		t.Fatalf("walk the original: %v", err)
 	}
 	if d := diffTrees(want, got, 25); len(d) > 0 {
-		r.fail("", "after commit the original differs from the plain directory (want = plain dir):\n  %s", strings.Join(d, "\n  "))
+		var about []string
+		for _, l := range d {
+			if p, _, ok := strings.Cut(l, ": "); ok {
+				about = append(about, fmt.Sprintf("%q", strings.TrimPrefix(p, "/")))
+			}
+		}
+		r.fail(strings.Join(about, " "), "after commit the original differs from the plain directory (want = plain dir):\n  %s", strings.Join(d, "\n  "))
 	}
 }
 
