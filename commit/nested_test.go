@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"golang.org/x/sys/unix"
 	"path/filepath"
 	"testing"
 
@@ -39,4 +40,17 @@ func TestCommitDirectoryXattrs(t *testing.T) {
 		require.NoError(t, err, p)
 		assert.Equal(t, "v-"+p, string(v))
 	}
+}
+
+// A file and a directory swapped with RENAME_EXCHANGE after a file in the
+// directory was changed.
+func TestCommitExchangeFileAndDir(t *testing.T) {
+	s := newSandbox(t, map[string]string{"f00": "file", "e/f27": "old"})
+	s.write("e/f27", "changed content")
+	o := s.lookup("e")
+	require.NoError(t, s.l.Rename("", s.lookup(""), "e", &o, "", s.lookup(""), "f00", unix.RENAME_EXCHANGE, s.c))
+	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "e"), unix.AT_FDCWD, filepath.Join(s.ref, "f00"), unix.RENAME_EXCHANGE))
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
