@@ -29,18 +29,12 @@ func (m *Manager) rollback(ctx context.Context, plan, only string, keep bool) (*
 	if only != "" {
 		res.Op = "rollback " + only
 	}
-	leave, err := m.enter()
+	done, err := m.enterPlan(ctx, plan)
 	if err != nil {
 		res.Err = err
 		return res.finish()
 	}
-	defer leave()
-	unlock, err := m.lockPlan(ctx, plan)
-	if err != nil {
-		res.Err = err
-		return res.finish()
-	}
-	defer unlock()
+	defer done()
 	if err := m.settlePlan(plan); err != nil {
 		m.log.Warn("an earlier commit of the plan is unsettled; its sandboxes are not rolled back", "plan", plan, "err", err)
 	}
@@ -140,18 +134,12 @@ func (m *Manager) destroy(r *record) error {
 // DestroyPlan destroys every sandbox of plan, going on past failures.
 func (m *Manager) DestroyPlan(ctx context.Context, plan string) (*BatchResult, error) {
 	res := &BatchResult{Op: "destroy plan " + plan}
-	leave, err := m.enter()
+	done, err := m.enterPlan(ctx, plan)
 	if err != nil {
 		res.Err = err
 		return res.finish()
 	}
-	defer leave()
-	unlock, err := m.lockPlan(ctx, plan)
-	if err != nil {
-		res.Err = err
-		return res.finish()
-	}
-	defer unlock()
+	defer done()
 	for _, r := range m.snapshot(plan) {
 		if r.State == CleanedUp {
 			continue
@@ -185,4 +173,19 @@ func (m *Manager) purgeDirs(r *record) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// enterPlan enters the manager and takes the plan's lock (in that order,
+// see the lock order in manager.go); done releases both.
+func (m *Manager) enterPlan(ctx context.Context, plan string) (done func(), err error) {
+	leave, err := m.enter()
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := m.lockPlan(ctx, plan)
+	if err != nil {
+		leave()
+		return nil, err
+	}
+	return func() { unlock(); leave() }, nil
 }
