@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -145,6 +146,19 @@ func (s *sandbox) chmod(p string, mode uint32) {
 	require.NoError(s.t, os.Chmod(filepath.Join(s.ref, p), os.FileMode(mode)))
 }
 
+func (s *sandbox) chown(p string, uid, gid uint32) {
+	o := s.lookup(p)
+	_, err := s.l.Setattr(p, &o, -1, layers.SetAttr{Uid: &uid, Gid: &gid}, s.c)
+	require.NoError(s.t, err)
+	require.NoError(s.t, os.Lchown(filepath.Join(s.ref, p), int(uid), int(gid)))
+}
+
+func (s *sandbox) setxattr(p, name, value string) {
+	o := s.lookup(p)
+	require.NoError(s.t, s.l.Setxattr(p, &o, name, []byte(value), 0, s.c))
+	require.NoError(s.t, unix.Lsetxattr(filepath.Join(s.ref, p), name, []byte(value), 0))
+}
+
 func (s *sandbox) link(from, to string) {
 	d, n := split(to)
 	o := s.lookup(from)
@@ -153,9 +167,22 @@ func (s *sandbox) link(from, to string) {
 	require.NoError(s.t, os.Link(filepath.Join(s.ref, from), filepath.Join(s.ref, to)))
 }
 
-// snapshot describes a tree: type, mode, content hash, link target, and
-// which names share an inode.
+// snapshot describes a tree: type, mode, owner, content hash, link
+// target, user xattrs, and which names share an inode.
 func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	return snapshotOf(t, root, false)
+}
+
+// snapshotTimes is snapshot plus the mtime of every non-directory: what
+// an undone commit must give back exactly (a directory's mtime moves with
+// the entries moved in and out of it).
+func snapshotTimes(t *testing.T, root string) map[string]string {
+	t.Helper()
+	return snapshotOf(t, root, true)
+}
+
+func snapshotOf(t *testing.T, root string, times bool) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	inodes := map[uint64][]string{}
@@ -167,7 +194,21 @@ func snapshot(t *testing.T, root string) map[string]string {
 		}
 		var st unix.Stat_t
 		require.NoError(t, unix.Lstat(p, &st))
-		desc := fmt.Sprintf("%o", st.Mode)
+		desc := fmt.Sprintf("%o %d:%d", st.Mode, st.Uid, st.Gid)
+		if times && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			desc += fmt.Sprintf(" mtime=%d.%09d", st.Mtim.Sec, st.Mtim.Nsec)
+		}
+		names, err := fsutil.LListXattrs(p)
+		require.NoError(t, err, p)
+		sort.Strings(names)
+		for _, n := range names {
+			if !strings.HasPrefix(n, "user.") {
+				continue
+			}
+			v, err := fsutil.LGetXattr(p, n)
+			require.NoError(t, err, p)
+			desc += fmt.Sprintf(" %s=%q", n, v)
+		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFREG:
 			b, err := os.ReadFile(p)
@@ -226,12 +267,17 @@ func work(s *sandbox) {
 	s.symlink("renamed.txt", "oldlink")
 	s.chmod("meta.txt", 0o600)
 	s.link("newdir/sub/f", "hardlink")
+	if os.Geteuid() == 0 {
+		s.chown("owner.txt", 1234, 5678)
+	}
+	s.setxattr("xattr.txt", "user.k", "v")
+	s.setxattr("moved/keep", "user.k", "in a moved dir")
 }
 
 var base = map[string]string{
 	"mod.txt": "m", "del.txt": "d", "meta.txt": "x", "file.txt": "f",
 	"gone/a": "a", "tree/keep": "k", "tree/edit": "e", "tree/drop": "d", "tree/deep/x": "x",
-	"oldlink": "-> mod.txt",
+	"oldlink": "-> mod.txt", "owner.txt": "o", "xattr.txt": "x",
 }
 
 func TestCommitAppliesEveryKindOfChange(t *testing.T) {

@@ -70,7 +70,7 @@ func TestCrashAtEveryPointRecoversAllOldOrAllNew(t *testing.T) {
 			s := newSandbox(t, base)
 			work(s)
 			s.done()
-			old := snapshot(t, s.orig)
+			old := snapshotTimes(t, s.orig)
 			runChild(t, s.cfg, "commit", point)
 			rec, err := Recover(s.cfg, RecoverOptions{})
 			require.NoError(t, err)
@@ -80,7 +80,7 @@ func TestCrashAtEveryPointRecoversAllOldOrAllNew(t *testing.T) {
 				assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig), "all-new after %s (%s)", point, rec.Action)
 				return
 			}
-			assert.Equal(t, old, snapshot(t, s.orig), "all-old after %s (%s)", point, rec.Action)
+			assert.Equal(t, old, snapshotTimes(t, s.orig), "all-old after %s (%s)", point, rec.Action)
 			require.NoError(t, commitAll(t, s.cfg, Options{}), "the sandbox commits after recovery")
 			assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 		})
@@ -91,10 +91,10 @@ func TestCrashDuringRecoveryRecoversAgain(t *testing.T) {
 	s := newSandbox(t, base)
 	work(s)
 	s.done()
-	old := snapshot(t, s.orig)
+	old := snapshotTimes(t, s.orig)
 	runChild(t, s.cfg, "commit", "applying")
 	runChild(t, s.cfg, "recover", "undoing")
 	_, err := Recover(s.cfg, RecoverOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, old, snapshot(t, s.orig))
+	assert.Equal(t, old, snapshotTimes(t, s.orig))
 }

@@ -54,3 +54,56 @@ func TestCommitExchangeFileAndDir(t *testing.T) {
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
+
+// An original file hard-linked in the sandbox, written through the new
+// name (the journal records the write under that name only), the new name
+// then removed: the first name's new content is committed.
+func TestCommitFileWrittenThroughItsOtherName(t *testing.T) {
+	s := newSandbox(t, map[string]string{"h/i/j/f21": "original", "g/": ""})
+	s.rename("h/i/j", "g/y")
+	s.link("g/y/f21", "g/y/n1")
+	s.write("g/y/n1", "written through the link")
+	s.rename("g/y", "g/n1")
+	s.remove("g/n1/n1")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// An original directory moved away, a new directory made in its place,
+// and a directory from inside the moved one brought back under the new
+// one: the new directory is created, not taken for the original.
+func TestCommitNewDirInPlaceOfMovedDir(t *testing.T) {
+	s := newSandbox(t, map[string]string{"e/f/x": "x", "e/k": "k", "g/": ""})
+	s.rename("e", "g/moved")
+	s.mkdir("e")
+	s.rename("g/moved/f", "e/n0")
+	s.write("e/n0/new", "n")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// A file made elsewhere renamed over a file of a moved directory: it
+// replaces the original's file (no false conflict, no leftover).
+func TestCommitFileRenamedOverOneOfAMovedDir(t *testing.T) {
+	s := newSandbox(t, map[string]string{"e/f49": "old", "e/k": "k", "g/": ""})
+	s.rename("e", "g/n1")
+	s.write("g/tmp", "new")
+	s.rename("g/tmp", "g/n1/f49")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// A hard link made to an original file, then the directories holding
+// either name moved: both names stay one inode in the original.
+func TestCommitLinkSurvivesMovesOfBothDirs(t *testing.T) {
+	s := newSandbox(t, map[string]string{"e/f": "f", "b/c/": "", "h/": "", "a/": ""})
+	s.link("e/f", "b/c/n0")
+	s.rename("e", "h/y")
+	s.rename("b/c", "a/x")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}

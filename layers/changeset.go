@@ -83,7 +83,10 @@ func replay(recs []Record) *touched {
 		case OpSetattr, OpSetxattr, OpRemovexattr:
 			t.paths[r.Path] = t.paths[r.Path] || false
 		case OpLink:
+			// Both names now share one inode, and the journal records a
+			// later write under whichever name the file was opened by.
 			t.paths[r.Path] = true
+			t.paths[r.Path2] = true
 			t.link[r.Path] = r.Path2
 		default:
 			t.paths[r.Path] = true
@@ -101,6 +104,11 @@ func (t *touched) move(old, new string) {
 				delete(m, k)
 				m[nk] = v
 			}
+		}
+	}
+	for k, v := range t.link { // the other name of a link moves too
+		if nv, ok := under(v, old, new); ok {
+			t.link[k] = nv
 		}
 	}
 	for k, v := range t.paths {
@@ -162,7 +170,7 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 		if c.Kind != Linked || listed[c.From] {
 			continue
 		}
-		if _, inLo, err := l.resolveLower(c.From); err != nil || !inLo {
+		if _, inLo, err := l.lowerInPlace(c.From); err != nil || !inLo {
 			cs.Changes[i].Kind, cs.Changes[i].From = Created, ""
 		}
 	}
@@ -209,10 +217,18 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		return Change{}, false, err
 	}
 	if !inLo && cp != p {
-		// The renamed ancestor was not the original's (made in the
-		// sandbox): p has no counterpart elsewhere, only itself.
-		if lo, inLo, err = l.resolveLower(p); err != nil {
+		// What p was renamed from was made in the sandbox: p has no
+		// counterpart elsewhere, only the original's object in its place.
+		if lo, inLo, err = l.lowerInPlace(p); err != nil {
 			return Change{}, false, err
+		}
+		if !inLo && !inOv {
+			// Deleted beneath a directory made in the sandbox: the
+			// original's object at the same path, if any, went with the
+			// directory it replaced.
+			if lo, inLo, err = l.resolveLower(p); err != nil {
+				return Change{}, false, err
+			}
 		}
 	}
 	c := Change{Path: p}
@@ -229,8 +245,9 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			c.Kind, c.From = Renamed, from
 			return c, true, nil
 		}
-		// The moved object was replaced since: compare with the original's p.
-		if lo, inLo, err = l.resolveLower(p); err != nil {
+		// The moved object was replaced since: compare with the original's
+		// object in p's place.
+		if lo, inLo, err = l.lowerInPlace(p); err != nil {
 			return c, false, err
 		}
 	}
@@ -239,6 +256,13 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		if to, ok := t.link[p]; ok && l.sameUpperObject(p, to) {
 			c.Kind, c.From = Linked, to
 		}
+		return c, true, nil
+	}
+	if ov.IsDir() && lo.st.Mode&unix.S_IFMT == unix.S_IFDIR && !l.cameFrom(&ov, lo.origin.Path) {
+		// Another directory stands where the original's was (made here,
+		// or moved in after the original's moved away): a new directory
+		// replaces it, whatever their metadata says.
+		c.Kind = Created
 		return c, true, nil
 	}
 	if !l.inUpper(p) {
@@ -368,6 +392,22 @@ func (l *Layers) resolve(p string) (Entry, bool, error) {
 		dir = Join(dir, name)
 	}
 	return e, true, nil
+}
+
+// lowerInPlace is the original's object in p's place: the name looked up
+// in the original directories the overlay merges at p's parent (which a
+// renamed parent carries along), as the overlay itself would find it.
+func (l *Layers) lowerInPlace(p string) (*lowerHit, bool, error) {
+	dir, name := Split(p)
+	parent, ok, err := l.resolve(dir)
+	if err != nil || !ok || !parent.IsDir() || len(parent.Lowers) == 0 {
+		return nil, false, err
+	}
+	first, _, err := l.stepLowers(parent.Lowers, name, false)
+	if err != nil || first == nil {
+		return nil, false, err
+	}
+	return first, true, nil
 }
 
 // resolveLower looks p up in the lower layers only: the original.

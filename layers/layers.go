@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -255,6 +256,15 @@ func Join(dir, name string) string {
 		return name
 	}
 	return dir + "/" + name
+}
+
+// Split splits the overlay-relative path p into its directory and name.
+func Split(p string) (dir, name string) {
+	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return "", p
+	}
+	return p[:i], p[i+1:]
 }
 
 // stableIno maps an inode number of the filesystem dev to the overlay's
