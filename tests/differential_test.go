@@ -35,7 +35,12 @@ var flagDiffAvoid = flag.String("diff.avoid", "", "comma-separated known bugs th
 
 var flagDiffNoPassthrough = flag.Bool("diff.nopassthrough", false, "mount the differential tests' sandbox without FUSE passthrough")
 
-var flagDiffCommit = flag.Bool("diff.commit", false, "run TestDifferentialCommit (commit after random operations)")
+var flagDiffHistory = flag.String("diff.history", "", "on a mismatch, write every operation of the run to this file")
+
+var flagDiffCommit = flag.Bool("diff.commit", false, "TestDifferentialCommit runs one random seed instead of its regression seeds")
+
+var flagDiffSnapshot = flag.String("diff.snapshot", "", "TestDifferentialCommit copies the original and the sandbox directory (upper, work: the journal) "+
+	"into this directory before it commits, and the status output beside them, to study a failing commit")
 
 func avoiding(what string) bool {
 	return slices.Contains(strings.Split(*flagDiffAvoid, ","), what)
@@ -203,21 +208,37 @@ func TestDifferential(t *testing.T) {
 	r.compareTrees("end")
 }
 
+// diffCommitSeeds are histories that once broke the commit (kept as
+// regression runs; -diff.commit or -seed runs one more, random or given).
+var diffCommitSeeds = []int64{1, 2, 3, 4, 7, 10, 17, 87300363, 367227571}
+
 // TestDifferentialCommit runs random operations through the mount, commits
 // the sandbox with the CLI, and compares the original with the plain
 // directory that got the same operations.
 func TestDifferentialCommit(t *testing.T) {
-	if !*flagDiffCommit {
-		t.Skip("KNOWN GAP (issue 3): commit still fails on some random histories (a deletion left, a parent missing at apply time, a false conflict); run with -diff.commit")
-	}
 	if cliBin == "" {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
 	}
-	seed := diffSeed(t)
+	if *flagDiffCommit || *flagSeed != 0 {
+		diffCommit(t, diffSeed(t))
+		return
+	}
+	for _, seed := range diffCommitSeeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialCommit$' -seed %d -diff.ops %d)", seed, seed, *flagDiffOps)
+			diffCommit(t, seed)
+		})
+	}
+}
+
+func diffCommit(t *testing.T, seed int64) {
 	r := newDiffRunGuard(t, seed, false)
 	r.run(*flagDiffOps / 3)
 	r.compareTrees("before commit")
 	r.closeFds()
+	if *flagDiffSnapshot != "" {
+		snapshotSandbox(t, r.sb, *flagDiffSnapshot)
+	}
 	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "differential", r.sb.mnt)
 	if err != nil {
 		st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
@@ -403,6 +424,13 @@ func (r *diffRun) fail(about, format string, args ...any) {
 		}
 	}
 	msg := fmt.Sprintf("DIFFERENTIAL MISMATCH (seed %d)\n%s\n", r.seed, fmt.Sprintf(format, args...))
+	if *flagDiffHistory != "" {
+		if err := os.WriteFile(*flagDiffHistory, []byte(strings.Join(r.history, "\n")+"\n"), 0o644); err != nil {
+			msg += fmt.Sprintf("(could not write the history: %v)\n", err)
+		} else {
+			msg += fmt.Sprintf("(every operation: %s)\n", *flagDiffHistory)
+		}
+	}
 	if len(related) > 0 {
 		msg += "earlier operations on these paths:\n  " + strings.Join(related, "\n  ") + "\n"
 	}
@@ -560,4 +588,23 @@ func (r *diffRun) fileSize(rel string) int64 {
 		}
 	}
 	return 0
+}
+
+// snapshotSandbox copies the original and the sandbox's directories into
+// dir (which must not exist) and writes `sbxfs status` into dir/status.
+func snapshotSandbox(t *testing.T, sb *sandbox, dir string) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatalf("-diff.snapshot: %v", err)
+	}
+	for from, to := range map[string]string{sb.orig: "orig", sb.upper: "upper", filepath.Join(filepath.Dir(sb.upper), "work"): "work"} {
+		if out, err := exec.Command("cp", "-a", from, filepath.Join(dir, to)).CombinedOutput(); err != nil {
+			t.Fatalf("-diff.snapshot: cp -a %s: %v\n%s", from, err, out)
+		}
+	}
+	st, _ := runTimeout(20*time.Second, cliBin, "status", sb.mnt)
+	if err := os.WriteFile(filepath.Join(dir, "status"), st, 0o600); err != nil {
+		t.Fatalf("-diff.snapshot: %v", err)
+	}
+	t.Logf("-diff.snapshot: the sandbox before the commit is in %s", dir)
 }

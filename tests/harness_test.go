@@ -50,6 +50,7 @@ var (
 	cliBin      string // the sbxfs CLI, "" when it does not build
 	cliErr      string // why cliBin is empty
 	standInBin  string // tests/internal/devserver
+	faultyBin   string // tests/internal/faultyfs
 	testBinCopy string // copy of this test binary, runnable by nobody
 	testBinMu   sync.Mutex
 )
@@ -159,6 +160,10 @@ func buildBinaries() error {
 	}
 	standInBin = filepath.Join(binDir, "devserver")
 	if err := build(standInBin, "./tests/internal/devserver"); err != nil {
+		return err
+	}
+	faultyBin = filepath.Join(binDir, "faultyfs")
+	if err := build(faultyBin, "./tests/internal/faultyfs"); err != nil {
 		return err
 	}
 	switch {
