@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -32,6 +33,7 @@ ORIGINAL and MOUNTPOINT. Undo it with 'sbxfs unmount MOUNTPOINT'.`,
 			&cli.BoolFlag{Name: "allow-other", Usage: "let other users use the mount (permission checks apply; needs user_allow_other in /etc/fuse.conf for non-root)"},
 			&cli.BoolFlag{Name: "debug", Usage: "log every FUSE request"},
 			&cli.BoolFlag{Name: "no-passthrough", Usage: "do not use FUSE passthrough for upper files"},
+			&cli.BoolFlag{Name: "json", Usage: "once the mount is live, print {mountpoint, original, sandbox, upper, work} as JSON"},
 		},
 		OnUsageError: onUsageError,
 		Action:       runMount,
@@ -85,15 +87,31 @@ func runMount(c *cli.Context) error {
 	if generated {
 		spec.announce = "upper: " + dir
 	}
+	if c.Bool("json") {
+		b, err := json.Marshal(mountResult{Mountpoint: mnt, Original: orig, Sandbox: dir, Upper: upper, Work: work})
+		if err != nil {
+			return err
+		}
+		spec.announce = string(b)
+	}
 	if c.Bool("foreground") {
 		err = serve(spec, c.App.Writer)
-	} else if err = startBackground(mountChildArgs(c, dir, orig, mnt), serverLog(work)); err == nil && generated {
+	} else if err = startBackground(mountChildArgs(c, dir, orig, mnt), serverLog(work)); err == nil && spec.announce != "" {
 		fmt.Fprintln(c.App.Writer, spec.announce)
 	}
 	if err != nil && generated && !spec.live {
 		_ = os.RemoveAll(dir) // a mount that never went live leaves no sandbox behind
 	}
 	return err
+}
+
+// mountResult is what `mount --json` prints once the mount is live.
+type mountResult struct {
+	Mountpoint string `json:"mountpoint"`
+	Original   string `json:"original"`
+	Sandbox    string `json:"sandbox"` // the --upper directory
+	Upper      string `json:"upper"`
+	Work       string `json:"work"`
 }
 
 // sandboxDir returns the resolved sandbox directory: the one given with

@@ -311,3 +311,19 @@ func TestHelperFormFstab(t *testing.T) {
 	require.NoError(t, err, "umount: %s", out)
 	assert.False(t, isMounted(t, mnt))
 }
+
+func TestMountJSON(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+
+	r := runBin(t, bin, "mount", "--json", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	var got mountResult
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), r.stdout)
+	assert.Equal(t, mountResult{Mountpoint: f.mnt, Original: f.orig, Sandbox: f.dir,
+		Upper: filepath.Join(f.dir, "upper"), Work: filepath.Join(f.dir, "work")}, got)
+	assert.True(t, isMounted(t, f.mnt), "mounted when sbxfs mount --json returns")
+	require.Equal(t, 0, runBin(t, bin, "unmount", f.mnt).code)
+}
