@@ -107,3 +107,19 @@ func TestCommitLinkSurvivesMovesOfBothDirs(t *testing.T) {
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
+
+// An original symlink exchanged with a new directory inside a moved
+// directory: the new directory's children are not "beneath a symlink" of
+// the original (seed 107 of the differential commit test).
+func TestCommitDirectoryInPlaceOfSymlink(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a/ln": "-> f", "a/f/": "", "new/": ""})
+	s.rename("a", "new/x")
+	s.mkdir("new/x/d")
+	s.write("new/x/d/f01", "child")
+	o := s.lookup("new/x/ln")
+	require.NoError(t, s.l.Rename("new/x", s.lookup("new/x"), "ln", &o, "new/x", s.lookup("new/x"), "d", unix.RENAME_EXCHANGE, s.c))
+	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "new/x/ln"), unix.AT_FDCWD, filepath.Join(s.ref, "new/x/d"), unix.RENAME_EXCHANGE))
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
