@@ -1,7 +1,9 @@
 package commit
 
 import (
+	"github.com/sbxfs/sbxfs/layers"
 	"golang.org/x/sys/unix"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -119,6 +121,49 @@ func TestCommitDirectoryInPlaceOfSymlink(t *testing.T) {
 	o := s.lookup("new/x/ln")
 	require.NoError(t, s.l.Rename("new/x", s.lookup("new/x"), "ln", &o, "new/x", s.lookup("new/x"), "d", unix.RENAME_EXCHANGE, s.c))
 	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "new/x/ln"), unix.AT_FDCWD, filepath.Join(s.ref, "new/x/d"), unix.RENAME_EXCHANGE))
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// A link made through a name that is gone since (the journal names the
+// link's source by whichever name the kernel used): every remaining name
+// of the inode is one inode in the original, the original's name included
+// (seed 159 of the differential commit test).
+func TestCommitLinkThroughAVanishedName(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a/f": "f", "g/": ""})
+	s.link("a/f", "x")
+	s.link("x", "g/y")
+	s.remove("x")
+	s.chmod("a/f", 0o600)
+	s.link("g/y", "g/z")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// Hard links committed into an original on another filesystem than the
+// upper (staged by copy): still one inode.
+func TestCommitLinksAcrossFilesystems(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	small := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", small, "tmpfs", 0, "size=8m"))
+	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
+	dir := t.TempDir()
+	s := &sandbox{t: t, orig: filepath.Join(small, "orig"), ref: filepath.Join(dir, "ref")}
+	for _, root := range []string{s.orig, s.ref} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "d"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "d", "old"), []byte("old"), 0o644))
+	}
+	s.cfg = layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{s.orig}}
+	require.NoError(t, os.Mkdir(s.cfg.Upper, 0o700))
+	require.NoError(t, os.Mkdir(s.cfg.Work, 0o700))
+	s.open()
+	s.write("new", "new")
+	s.link("new", "d/new2")
+	s.link("d/old", "old2")
 	s.done()
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))

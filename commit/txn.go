@@ -203,8 +203,9 @@ func (x *Txn) stage(cs layers.ChangeSet) error {
 	}
 	r := newRenames(cs)
 	x.log.Steps = plan(cs)
+	staged := map[[2]uint64]*step{} // upper inode -> its first install
 	for i := range x.log.Steps {
-		if err := x.fill(&x.log.Steps[i], r, sameFS); err != nil {
+		if err := x.fill(&x.log.Steps[i], r, sameFS, staged); err != nil {
 			return err
 		}
 	}
@@ -214,12 +215,29 @@ func (x *Txn) stage(cs layers.ChangeSet) error {
 // fill completes a planned step from the upper and the original: the
 // staged object of an install, the metadata of a meta step, the inode an
 // attach moves.
-func (x *Txn) fill(s *step, r renames, sameFS bool) error {
+// Names of one upper inode (hard links) are staged as one inode: linked
+// from the upper, or copied once and linked within the transaction.
+func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) error {
 	upper := filepath.Join(x.cfg.Upper, s.Path)
 	switch s.Kind {
 	case opInstall:
+		var st unix.Stat_t
+		if err := unix.Lstat(upper, &st); err != nil {
+			return fmt.Errorf("stage %s: %w", upper, err)
+		}
+		key := [2]uint64{st.Dev, st.Ino}
+		if first, ok := staged[key]; ok && !sameFS {
+			if err := unix.Linkat(x.txn.fd, first.Slot, x.txn.fd, s.Slot, 0); err != nil {
+				return fmt.Errorf("stage %s: %w", upper, err)
+			}
+			s.Ino, s.Strip = first.Ino, first.Strip
+			return nil
+		}
 		ino, strip, err := stageObject(upper, x.txn, s.Slot, sameFS)
 		s.Ino, s.Strip = ino, strip
+		if st.Nlink > 1 {
+			staged[key] = s
+		}
 		return err
 	case opMkdir:
 		var st unix.Stat_t

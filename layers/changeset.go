@@ -174,6 +174,7 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 			cs.Changes[i].Kind, cs.Changes[i].From = Created, ""
 		}
 	}
+	l.linkGroups(&cs, keys)
 	// A rename's source is gone by the rename itself.
 	renamedFrom := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -185,6 +186,66 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 		return c.Kind == Deleted && renamedFrom[t.counterpart(c.Path)]
 	})
 	return cs, nil
+}
+
+// linkGroups makes the names of one upper inode one inode in the original:
+// the journal names a link's source by whichever name the kernel used,
+// which may be gone since, so names are grouped by the upper inode they
+// share. One name is the anchor: an unchanged original name (the commit
+// replaces it by the shared object), else a name the commit installs;
+// every other new name is Linked to it, and a metadata-only name is
+// replaced too (Modified), since its inode changes.
+func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
+	groups := map[[2]uint64][]string{}
+	for _, p := range keys {
+		var st unix.Stat_t
+		if unix.Lstat(l.UpperPath(p), &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink < 2 || fsutil.IsWhiteout(&st) {
+			continue
+		}
+		k := [2]uint64{st.Dev, st.Ino}
+		groups[k] = append(groups[k], p)
+	}
+	idx := map[string]int{}
+	for i, c := range cs.Changes {
+		idx[c.Path] = i
+	}
+	for _, names := range groups {
+		if len(names) < 2 {
+			continue
+		}
+		anchor := ""
+		for _, q := range names {
+			if _, listed := idx[q]; !listed {
+				if _, ok, err := l.lowerInPlace(q); err == nil && ok {
+					anchor = q
+					break
+				}
+			}
+		}
+		if anchor == "" {
+			for _, q := range names {
+				if i, ok := idx[q]; ok && cs.Changes[i].Kind != Linked {
+					anchor = q
+					break
+				}
+			}
+		}
+		if anchor == "" {
+			continue
+		}
+		for _, q := range names {
+			i, ok := idx[q]
+			if !ok {
+				continue
+			}
+			switch c := &cs.Changes[i]; {
+			case c.Kind == Metadata:
+				c.Kind = Modified
+			case q != anchor && (c.Kind == Created || c.Kind == Linked):
+				c.Kind, c.From = Linked, anchor
+			}
+		}
+	}
 }
 
 // counterpart is the original path of what sits at p now: p itself, or

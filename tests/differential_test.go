@@ -210,7 +210,7 @@ func TestDifferential(t *testing.T) {
 
 // diffCommitSeeds are histories that once broke the commit (kept as
 // regression runs; -diff.commit or -seed runs one more, random or given).
-var diffCommitSeeds = []int64{1, 2, 3, 4, 7, 10, 17, 107, 87300363, 367227571}
+var diffCommitSeeds = []int64{1, 2, 3, 4, 7, 10, 17, 107, 159, 169, 87300363, 367227571}
 
 // TestDifferentialCommit runs random operations through the mount, commits
 // the sandbox with the CLI, and compares the original with the plain
