@@ -108,7 +108,39 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if errno != 0 {
 		return errno
 	}
+	n.settleChild(name)
 	return n.fs.toErrno("unlink", n.fs.layers.Unlink(rel, obj, name, caller(ctx)))
+}
+
+// settleChild moves the open read-only handles of the child name that
+// still read the original file to its upper copy, while a path still
+// leads there: once the name is unlinked or replaced, a handle that
+// switched lazily could no longer find the copy, and would go on reading
+// the original instead of what writers wrote.
+func (n *node) settleChild(name string) {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return
+	}
+	cn, ok := ch.Operations().(*node)
+	if !ok {
+		return
+	}
+	cn.mu.Lock()
+	var lower []*handle
+	if cn.obj.Upper {
+		for h := range cn.open {
+			h.mu.RLock()
+			if !h.upper {
+				lower = append(lower, h)
+			}
+			h.mu.RUnlock()
+		}
+	}
+	cn.mu.Unlock()
+	for _, h := range lower {
+		h.switchToUpper()
+	}
 }
 
 var _ = (fusefs.NodeRmdirer)((*node)(nil))
@@ -137,6 +169,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	nrel, nobj, errno := np.dirArgs()
 	if errno != 0 {
 		return errno
+	}
+	if flags&unix.RENAME_EXCHANGE == 0 {
+		np.settleChild(newName) // the object replaced, if any
 	}
 	// The moved node's Obj is updated in place when it is known (it is,
 	// whenever the kernel looked it up); a scratch Obj serves otherwise.
