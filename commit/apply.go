@@ -48,7 +48,10 @@ func (x *Txn) apply(s *step) error {
 	case opAttach:
 		return move(x.txn, s.Slot, x.orig, s.Path)
 	case opMkdir:
-		return x.orig.mkdir(s.Path, s.Mode)
+		if s.Slot == "" { // an undo log of an older sbxfs
+			return x.orig.mkdir(s.Path, s.Mode)
+		}
+		return move(x.txn, s.Slot, x.orig, s.Path)
 	case opMeta:
 		return x.orig.setMeta(s.Path, s.New)
 	}
@@ -106,7 +109,16 @@ func (x *Txn) undo(s *step) error {
 		if err != nil || !ok || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return err
 		}
-		return x.orig.rmdir(s.Path)
+		if s.Slot == "" { // an undo log of an older sbxfs
+			return x.orig.rmdir(s.Path)
+		}
+		if st.Ino != s.Ino {
+			return nil // not ours: never made, or an original directory restored
+		}
+		if busy, _, _ := x.txn.exists(s.Slot); busy {
+			return fmt.Errorf("slot %s is taken", s.Slot)
+		}
+		return move(x.orig, s.Path, x.txn, s.Slot)
 	case opInstall, opAttach:
 		ok, st, err := x.orig.exists(s.Path)
 		if err != nil || !ok || st.Ino != s.Ino {

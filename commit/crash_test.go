@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -97,4 +98,30 @@ func TestCrashDuringRecoveryRecoversAgain(t *testing.T) {
 	_, err := Recover(s.cfg, RecoverOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, old, snapshotTimes(t, s.orig))
+}
+
+// Recovery run again after an undo had already put an original directory
+// back (a crash between the last undo step and the removal of the undo
+// log): the new directory's undo must not remove the restored original.
+func TestRecoveryAfterRestoreKeepsOriginalDirectory(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/sub/": ""})
+	s.remove("d/sub")
+	s.mkdir("d/sub")
+	s.write("d/sub/new", "n")
+	s.done()
+	old := snapshotTimes(t, s.orig)
+	x, err := Prepare(s.cfg, Options{})
+	require.NoError(t, err)
+	require.NoError(t, x.Apply())
+	log := x.log
+	require.NoError(t, x.Undo())
+	assert.Equal(t, old, snapshotTimes(t, s.orig))
+	// The crash: the transaction directory and the undo log are still there.
+	for _, sub := range []string{"", "b", "s", "m"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(log.Txn, sub), 0o700))
+	}
+	require.NoError(t, writeUndoLog(s.cfg.Work, &log))
+	_, err = Recover(s.cfg, RecoverOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, old, snapshotTimes(t, s.orig), "the restored directory is kept")
 }

@@ -78,16 +78,13 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 		p := conflictKey(r, c)
 		base, seen := bases[p]
 		there, st, err := orig.exists(p)
-		if errors.Is(err, unix.ELOOP) {
-			// Beneath a symlink of the original, which a commit never
-			// follows: the original has nothing at p (the sandbox
-			// replaced the symlink by a directory).
-			there, err = false, nil
-		}
 		switch {
 		case err != nil:
 			out = append(out, Conflict{Path: c.Path, Reason: err.Error()})
-		case !seen && there && (c.Kind == layers.Created || c.Kind == layers.Linked):
+		case !seen && there && p != "" && c.Kind != layers.Deleted:
+			// The sandbox never saw an original object there (it would
+			// have recorded its signature before changing it): the
+			// original made it since.
 			out = append(out, Conflict{Path: c.Path, Reason: "created in the original too"})
 		case !seen:
 		case !there:

@@ -126,7 +126,7 @@ func (p *planner) change(c layers.Change, moved map[string]string) {
 		p.metas = append(p.metas, step{Kind: opMeta, Path: c.Path, New: &meta{}})
 	case c.Type == "dir": // created, or a non-directory replaced by one
 		p.at(c.Path, step{Kind: opDetach, Path: c.Path, Slot: p.slot("b")})
-		p.at(c.Path, step{Kind: opMkdir, Path: c.Path})
+		p.at(c.Path, step{Kind: opMkdir, Path: c.Path, Slot: p.slot("s")})
 		p.metas = append(p.metas, step{Kind: opMeta, Path: c.Path, New: &meta{}})
 	default: // created, modified or linked non-directory
 		p.replace(c.Path)

@@ -2,7 +2,9 @@ package commit
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -49,6 +51,12 @@ func Recover(cfg layers.Config, opt RecoverOptions) (Recovery, error) {
 	}
 	if l.Original != cfg.Lowers[0] {
 		return Recovery{}, &Error{Stage: StageRecover, Err: errors.New("undo log names another original: " + l.Original)}
+	}
+	if l.Txn != txnDirFor(cfg, l.ID, true) && l.Txn != txnDirFor(cfg, l.ID, false) {
+		// A damaged or planted log: its directory is the one thing
+		// recovery moves files out of and removes.
+		return Recovery{}, &Error{Stage: StageRecover, Err: fmt.Errorf("undo log names a transaction directory %q that is not this sandbox's (%s); the log is damaged: move %s away and check the original by hand",
+			l.Txn, txnDirFor(cfg, l.ID, true), filepath.Join(cfg.Work, UndoLogName))}
 	}
 	committed := l.State == stateCommitted
 	if opt.Decide != nil {

@@ -66,10 +66,13 @@ func (t *tree) lstat(rel string) (unix.Stat_t, error) {
 	return st, err
 }
 
-// exists reports whether rel names something (ENOENT and ENOTDIR say no).
+// exists reports whether rel names something. ENOENT and ENOTDIR say no,
+// and so does ELOOP: a symlink on the way, which is never followed, means
+// nothing of the original's own tree is at rel (a directory the sandbox
+// replaced by a symlink has no children left to delete).
 func (t *tree) exists(rel string) (bool, unix.Stat_t, error) {
 	st, err := t.lstat(rel)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 		return false, st, nil
 	}
 	return err == nil, st, err

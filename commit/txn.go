@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -81,6 +83,9 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 		return nil, &Error{Stage: StagePrepare, Err: ErrInterrupted}
 	}
 	cleanStale(cfg, "")
+	if err := layers.CheckJournalIntact(journalPath(cfg)); err != nil {
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
 	cs, err := layers.Changes(cfg)
 	if err != nil {
 		return nil, &Error{Stage: StagePrepare, Err: err}
@@ -176,10 +181,18 @@ func (x *Txn) txnDir() (string, bool, error) {
 	if err := unix.Stat(x.cfg.Lowers[0], &os_); err != nil {
 		return "", false, err
 	}
-	if ws.Dev == os_.Dev {
-		return filepath.Join(x.work, "txn-"+x.log.ID), true, nil
+	sameFS := ws.Dev == os_.Dev
+	return txnDirFor(x.cfg, x.log.ID, sameFS), sameFS, nil
+}
+
+// txnDirFor is the transaction directory of commit id: in the private
+// work directory when it shares the original's filesystem, else at the
+// original's root.
+func txnDirFor(cfg layers.Config, id string, inWork bool) string {
+	if inWork {
+		return filepath.Join(cfg.Work, "txn-"+id)
 	}
-	return filepath.Join(x.cfg.Lowers[0], ".sbxfs-txn-"+x.log.ID), false, nil
+	return filepath.Join(cfg.Lowers[0], ".sbxfs-txn-"+id)
 }
 
 // stage plans the steps, makes the transaction directory and puts every
@@ -188,6 +201,13 @@ func (x *Txn) stage(cs layers.ChangeSet) error {
 	dir, sameFS, err := x.txnDir()
 	if err != nil {
 		return err
+	}
+	if !sameFS {
+		// Named before it exists, so a crash before the undo log leaves
+		// a name to clean up: only what this sandbox made is removed.
+		if err := fsutil.WriteFileAtomic(filepath.Join(x.work, pendingTxnName), []byte(dir), 0o600); err != nil {
+			return err
+		}
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
@@ -240,11 +260,22 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 		}
 		return err
 	case opMkdir:
+		// The new directory is made in the transaction directory and
+		// moved in like a staged file, so its inode is in the undo log and
+		// an undo never removes a directory it did not make.
 		var st unix.Stat_t
 		if err := unix.Lstat(upper, &st); err != nil {
 			return err
 		}
 		s.Mode = st.Mode & 0o7777
+		if err := x.txn.mkdir(s.Slot, 0o700); err != nil {
+			return fmt.Errorf("stage directory %s: %w", s.Path, err)
+		}
+		ds, err := x.txn.lstat(s.Slot)
+		if err != nil {
+			return err
+		}
+		s.Ino = ds.Ino
 	case opAttach:
 		st, err := x.orig.lstat(r.original(s.Path))
 		if err != nil {
@@ -280,16 +311,29 @@ func (x *Txn) discardStage() {
 // cleanStale removes transaction directories no undo log names: what a
 // crash left between staging and writing the undo log (links to upper
 // objects and copies only; nothing of the original's).
+//
+// In the sandbox's private work directory every txn-* is ours. In the
+// original only the one directory this sandbox named in work/txn.pending
+// is: a user's own .sbxfs-txn-* entries are never touched.
 func cleanStale(cfg layers.Config, keep string) {
-	for _, pat := range []string{
-		filepath.Join(cfg.Work, "txn-*"),
-		filepath.Join(cfg.Lowers[0], ".sbxfs-txn-*"),
-	} {
-		dirs, _ := filepath.Glob(pat)
-		for _, d := range dirs {
-			if d != keep {
-				_ = os.RemoveAll(d)
-			}
+	dirs, _ := filepath.Glob(filepath.Join(cfg.Work, "txn-*"))
+	pending := filepath.Join(cfg.Work, pendingTxnName)
+	if b, err := os.ReadFile(pending); err == nil {
+		d := string(b)
+		if filepath.Dir(d) == filepath.Clean(cfg.Lowers[0]) && strings.HasPrefix(filepath.Base(d), ".sbxfs-txn-") {
+			dirs = append(dirs, d)
 		}
 	}
+	for _, d := range dirs {
+		if d != keep {
+			_ = os.RemoveAll(d)
+		}
+	}
+	if keep == "" {
+		_ = os.Remove(pending)
+	}
 }
+
+// pendingTxnName (in the work directory) names the transaction directory
+// a commit is about to make in the original.
+const pendingTxnName = "txn.pending"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/sbxfs/sbxfs/fsutil"
 )
@@ -102,6 +103,9 @@ func decodeUndoLog(b []byte) (*undoLog, error) {
 	}
 	if l.State != statePrepared && l.State != stateCommitted {
 		return nil, fmt.Errorf("%w: state %q", ErrUndoLog, l.State)
+	}
+	if l.ID == "" || l.ID == "." || l.ID == ".." || strings.ContainsAny(l.ID, "/\x00") {
+		return nil, fmt.Errorf("%w: id %q", ErrUndoLog, l.ID)
 	}
 	if !filepath.IsAbs(l.Original) || !filepath.IsAbs(l.Txn) {
 		return nil, fmt.Errorf("%w: original and transaction paths must be absolute", ErrUndoLog)

@@ -3,6 +3,7 @@ package layers
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"slices"
@@ -142,6 +143,9 @@ func under(p, old, new string) (string, bool) {
 }
 
 func (l *Layers) changes(recs []Record) (ChangeSet, error) {
+	if err := checkPaths(recs); err != nil {
+		return ChangeSet{}, err
+	}
 	t := replay(recs)
 	keys := make([]string, 0, len(t.paths))
 	for p := range t.paths {
@@ -248,6 +252,28 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 	}
 }
 
+// ErrOriginalChanging: the original changed while the change set was
+// read; reading it again once the original is still gives a true one.
+var ErrOriginalChanging = errors.New("the original changed while the change set was read; try again")
+
+// checkPaths refuses a journal whose records name paths that are not
+// clean and relative (a damaged or forged journal): the change set must
+// never lead outside the sandbox.
+func checkPaths(recs []Record) error {
+	for i, r := range recs {
+		paths := []string{r.Path}
+		if r.Op == OpRename || r.Op == OpLink {
+			paths = append(paths, r.Path2)
+		}
+		for _, p := range paths {
+			if c, err := fsutil.CleanRel(p); err != nil || c != p {
+				return fmt.Errorf("%w: record %d (%v) names the path %q, which is not clean and relative; rollback to discard the sandbox", ErrJournalDamaged, i, r.Op, p)
+			}
+		}
+	}
+	return nil
+}
+
 // counterpart is the original path of what sits at p now: p itself, or
 // p translated through the nearest renamed ancestor (or p's own rename).
 func (t *touched) counterpart(p string) string {
@@ -318,6 +344,12 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			c.Kind, c.From = Linked, to
 		}
 		return c, true, nil
+	}
+	if ov.IsDir() && lo.st.Mode&unix.S_IFMT == unix.S_IFDIR && len(ov.Lowers) == 0 && l.inUpper(p) && !l.isOpaque(l.UpperPath(p)) {
+		// An upper directory that is not opaque merges the original's
+		// directory in its place, yet the lookup just made found none:
+		// the original changed while it was read (a directory swapped).
+		return c, false, fmt.Errorf("%w: %s", ErrOriginalChanging, p)
 	}
 	if ov.IsDir() && lo.st.Mode&unix.S_IFMT == unix.S_IFDIR && !l.cameFrom(&ov, lo.origin.Path) {
 		// Another directory stands where the original's was (made here,

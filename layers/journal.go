@@ -71,7 +71,40 @@ type Record struct {
 var (
 	ErrJournalMagic   = errors.New("not an sbxfs journal (bad magic or corrupt header)")
 	ErrJournalVersion = errors.New("unsupported sbxfs journal version")
+	// ErrJournalDamaged: bytes past the last valid record are not a torn
+	// append (a crash) but damage, so later records may be lost.
+	ErrJournalDamaged = errors.New("the change journal is damaged")
 )
+
+// tornTail reports whether the bytes after the last valid record are what
+// an interrupted append leaves: part of one record, or zeros (blocks
+// allocated but never written). Anything else (a whole record with a bad
+// checksum and more after it, a garbage length) is damage.
+func tornTail(tail []byte) bool {
+	if len(tail) < recordHeaderLen || !slices.ContainsFunc(tail, func(b byte) bool { return b != 0 }) {
+		return true
+	}
+	plen := binary.LittleEndian.Uint32(tail)
+	if plen < recordFixedLen || plen > maxRecordPayload {
+		return false
+	}
+	return uint64(recordHeaderLen)+uint64(plen) >= uint64(len(tail)) // the last record, or cut short
+}
+
+// droppedGlob matches the copies of damaged journal tails kept beside the
+// journal at path.
+func droppedGlob(path string) string { return path + ".dropped-*" }
+
+// CheckJournalIntact returns ErrJournalDamaged when the journal at path
+// has a damaged tail, or when an earlier open set a damaged tail aside
+// (journal.dropped-*): the change set would miss what was recorded there.
+func CheckJournalIntact(path string) error {
+	if kept, _ := filepath.Glob(droppedGlob(path)); len(kept) > 0 {
+		return fmt.Errorf("%w: records past the damage were set aside in %s and are not in the change set; "+
+			"rollback to discard the sandbox, or move that file away to commit what the journal still holds", ErrJournalDamaged, kept[0])
+	}
+	return nil
+}
 
 // The format, described in docs/journal-format.md.
 const (
@@ -257,8 +290,10 @@ func (j *Journal) load() error {
 		return err
 	}
 	if valid < len(data) {
-		if err := j.keepDropped(data[valid:]); err != nil {
-			return err
+		if !tornTail(data[valid:]) {
+			if err := j.keepDropped(data[valid:]); err != nil {
+				return err
+			}
 		}
 		if err := unix.Ftruncate(j.fd, int64(valid)); err != nil {
 			return fmt.Errorf("truncate torn tail at %d of %d bytes: %w", valid, len(data), err)
@@ -440,9 +475,13 @@ func ReadJournal(path string) ([]Record, error) {
 	if isTornHeader(data) {
 		return nil, nil
 	}
-	recs, _, err := DecodeJournal(data)
+	recs, valid, err := DecodeJournal(data)
 	if err != nil {
 		return nil, fmt.Errorf("read journal %q: %w", path, err)
+	}
+	if valid < len(data) && !tornTail(data[valid:]) {
+		return recs, fmt.Errorf("read journal %q: %w: %d bytes after record %d are not a valid record; "+
+			"rollback to discard the sandbox", path, ErrJournalDamaged, len(data)-valid, len(recs))
 	}
 	return recs, nil
 }

@@ -29,6 +29,17 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 	if err := checkRename(l, newRel, &se, &te, exists, flags); err != nil {
 		return err
 	}
+	if exists && flags&unix.RENAME_EXCHANGE == 0 && !l.inUpper(newRel) && len(te.Lowers) > 0 {
+		// An original object replaced: a commit checks it is still the
+		// one the sandbox saw.
+		var st unix.Stat_t
+		if err := unix.Lstat(l.LowerPath(te.Lowers[0]), &st); err != nil {
+			return err
+		}
+		if err := l.noteBase(te.Lowers[0], &st); err != nil {
+			return err
+		}
+	}
 	if err := l.record(OpRename, oldRel, newRel, flags, c); err != nil {
 		return err
 	}
