@@ -20,6 +20,7 @@ type filesystem struct {
 	log         *slog.Logger
 	passthrough bool
 	root        *node
+	rootIno     uint64
 	gate        gate
 	writers     writers
 
@@ -126,6 +127,7 @@ func (fs *filesystem) newRoot() (*node, error) {
 		return nil, err
 	}
 	fs.root = &node{fs: fs, obj: e.Obj}
+	fs.rootIno = e.Stat.Ino
 	return fs.root, nil
 }
 

@@ -65,13 +65,14 @@ func (l *Layers) Changes() (ChangeSet, error) {
 // was linked to, and whether its content (not only metadata) changed.
 type touched struct {
 	paths   map[string]bool // path -> content op seen
+	times   map[string]bool // path -> times set explicitly (utimensat)
 	from    map[string]string
 	link    map[string]string
 	deleted map[string]bool
 }
 
 func replay(recs []Record) *touched {
-	t := &touched{paths: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}}
+	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
@@ -83,6 +84,9 @@ func replay(recs []Record) *touched {
 			t.move(r.Path, r.Path2)
 		case OpSetattr, OpSetxattr, OpRemovexattr:
 			t.paths[r.Path] = t.paths[r.Path] || false
+			if r.Op == OpSetattr && r.Flags&AttrTimes != 0 {
+				t.times[r.Path] = true
+			}
 		case OpLink:
 			// Both names now share one inode, and the journal records a
 			// later write under whichever name the file was opened by.
@@ -112,10 +116,12 @@ func (t *touched) move(old, new string) {
 			t.link[k] = nv
 		}
 	}
-	for k, v := range t.paths {
-		if nk, ok := under(k, old, new); ok {
-			delete(t.paths, k)
-			t.paths[nk] = v
+	for _, m := range []map[string]bool{t.paths, t.times} {
+		for k, v := range m {
+			if nk, ok := under(k, old, new); ok {
+				delete(m, k)
+				m[nk] = v
+			}
 		}
 	}
 	t.paths[old] = true
@@ -292,7 +298,7 @@ func (t *touched) counterpart(p string) string {
 // classify compares the final overlay state of p with the original's.
 func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if p == "" {
-		return l.classifyRoot()
+		return l.classifyRoot(t.times[""])
 	}
 	ov, inOv, err := l.resolve(p)
 	if err != nil {
@@ -361,7 +367,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if !l.inUpper(p) {
 		return c, false, nil // the original shows through unchanged
 	}
-	kind, err := l.compare(p, &ov, lo, t.paths[p])
+	kind, err := l.compare(p, &ov, lo, t.paths[p], t.times[p])
 	if err != nil || kind == "" {
 		return c, false, err
 	}
@@ -376,8 +382,11 @@ func (l *Layers) cameFrom(e *Entry, from string) bool {
 }
 
 // compare classifies an object present in both the overlay (copied up) and
-// the original: Modified, Metadata or "" when nothing differs.
-func (l *Layers) compare(p string, ov *Entry, lo *lowerHit, content bool) (ChangeKind, error) {
+// the original: Modified, Metadata or "" when nothing differs. A
+// directory's mtime counts only when its times were set explicitly
+// (touch, tar, rsync): otherwise it moves with every entry made or removed
+// in it, and the commit moves it likewise.
+func (l *Layers) compare(p string, ov *Entry, lo *lowerHit, content, times bool) (ChangeKind, error) {
 	up := l.UpperPath(p)
 	var ust unix.Stat_t
 	if err := unix.Lstat(up, &ust); err != nil {
@@ -411,6 +420,11 @@ func (l *Layers) compare(p string, ov *Entry, lo *lowerHit, content bool) (Chang
 	}
 	if ust.Mode != lo.st.Mode || ust.Uid != lo.st.Uid || ust.Gid != lo.st.Gid ||
 		(ust.Mode&unix.S_IFMT != unix.S_IFDIR && ust.Mtim != lo.st.Mtim) || !l.sameXattrs(up, lpath) {
+		return Metadata, nil
+	}
+	if ust.Mode&unix.S_IFMT == unix.S_IFDIR && times {
+		// Set explicitly, even to the original's time: the commit's
+		// changes beneath it would move it otherwise.
 		return Metadata, nil
 	}
 	return "", nil
@@ -553,7 +567,7 @@ func (l *Layers) sameUpperObject(a, b string) bool {
 
 // classifyRoot reports a metadata change of the root (mode, owner, times
 // of a kind a user sets, xattrs): the root is always in the upper.
-func (l *Layers) classifyRoot() (Change, bool, error) {
+func (l *Layers) classifyRoot(times bool) (Change, bool, error) {
 	var ust, lst unix.Stat_t
 	if err := unix.Lstat(l.upper, &ust); err != nil {
 		return Change{}, false, err
@@ -561,7 +575,7 @@ func (l *Layers) classifyRoot() (Change, bool, error) {
 	if err := unix.Lstat(l.lowers[0], &lst); err != nil {
 		return Change{}, false, err
 	}
-	if ust.Mode == lst.Mode && ust.Uid == lst.Uid && ust.Gid == lst.Gid && l.sameXattrs(l.upper, l.lowers[0]) {
+	if ust.Mode == lst.Mode && ust.Uid == lst.Uid && ust.Gid == lst.Gid && !times && l.sameXattrs(l.upper, l.lowers[0]) {
 		return Change{}, false, nil
 	}
 	return Change{Path: "", Kind: Metadata, Type: "dir"}, true, nil

@@ -1,7 +1,9 @@
 package tests
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -39,5 +41,23 @@ func TestReaderSeesWritesAfterUnlink(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, "0123456789abc", string(b[:n]), "read through the reader")
 		})
+	}
+}
+
+// The root of a mount has a real inode number, stable across remounts
+// (go-fuse alone reports 0), and the mount reads ahead 1 MiB.
+func TestRootInodeAndReadahead(t *testing.T) {
+	sb := mountSandbox(t, newOrig(t, map[string]string{"f": "x"}))
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(sb.mnt, &st))
+	assert.NotZero(t, st.Ino, "the root's inode number")
+	ino := st.Ino
+	remount(t, sb)
+	require.NoError(t, unix.Stat(sb.mnt, &st))
+	assert.Equal(t, ino, st.Ino, "the same after a remount")
+	if os.Geteuid() == 0 {
+		b, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)))
+		require.NoError(t, err)
+		assert.Equal(t, "1024", strings.TrimSpace(string(b)))
 	}
 }
