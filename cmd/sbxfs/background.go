@@ -83,10 +83,18 @@ func startBackground(args []string, logPath string) error {
 		return fmt.Errorf("ready pipe: %w", err)
 	}
 	defer rd.Close()
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	// Never through a symlink (planted, it would have the server append
+	// to some other file), never blocking on a FIFO.
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)
+	if err == nil {
+		if st, serr := logf.Stat(); serr == nil && !st.Mode().IsRegular() {
+			logf.Close()
+			err = fmt.Errorf("not a regular file (%v)", st.Mode().Type())
+		}
+	}
 	if err != nil {
 		wr.Close()
-		return fmt.Errorf("open server log: %w", err)
+		return failf(exitBadPath, "server log %s: %v; it must be a regular file: remove it", logPath, err)
 	}
 	var logStart int64 // where this server's output begins
 	if st, err := logf.Stat(); err == nil {

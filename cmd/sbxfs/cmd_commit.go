@@ -34,7 +34,8 @@ removed; with --keep it stays mounted over the updated original, empty.`,
 			&cli.BoolFlag{Name: "git", Usage: "also make a git commit (message from -m) of exactly the committed paths, when the original is a git work tree"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
-		Action: runCommit,
+		OnUsageError: onUsageError,
+		Action:       runCommit,
 	}
 }
 
@@ -79,7 +80,7 @@ func runCommit(c *cli.Context) error {
 	}
 	x, err := commit.Prepare(sb.cfg, commit.Options{Message: c.String("message"), Force: c.Bool("force")})
 	if err != nil {
-		return commitFailure(err)
+		return journalHint(commitFailure(err), sb.work)
 	}
 	if err := commit.Commit(x); err != nil {
 		return commitFailure(err)

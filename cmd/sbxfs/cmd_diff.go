@@ -67,7 +67,7 @@ func runDiff(c *cli.Context) error {
 		return failf(exitUsage, "--stat, --name-status and --json exclude one another; give one")
 	}
 	if c.Int("unified") < 0 {
-		return failf(exitUsage, "-U %d: the context must be 0 or more lines", c.Int("unified"))
+		return failf(exitUsage, "-U %d: the context must be 0 or more lines; give -U 0 for none", c.Int("unified"))
 	}
 	sb, err := lookupSandbox(args[0])
 	if err != nil {
@@ -76,7 +76,7 @@ func runDiff(c *cli.Context) error {
 	cfg, work := sb.cfg, sb.work
 	cs, err := layers.Changes(cfg)
 	if err != nil {
-		return fmt.Errorf("compute the changes of %s: %w", work, err)
+		return journalHint(fmt.Errorf("compute the changes of %s: %w", work, err), work)
 	}
 	if err := printDiff(c, cfg, cs); err != nil {
 		return fmt.Errorf("diff of %s: %w", work, err)

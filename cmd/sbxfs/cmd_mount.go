@@ -72,6 +72,9 @@ func runMount(c *cli.Context) error {
 	if err := makeSandbox(dir); err != nil {
 		return err
 	}
+	if err := checkWorkFiles(work); err != nil {
+		return err
+	}
 	cfg := layers.Config{Upper: upper, Work: work, Lowers: []string{orig}}
 	if err := bindLayers(&cfg); err != nil {
 		return err
@@ -160,6 +163,13 @@ func checkArgs(c *cli.Context, args []string, n int, usage string) error {
 	}
 	if len(args) != n {
 		return failf(exitUsage, "%s needs %s, got %d argument(s); see 'sbxfs help %s'", c.Command.Name, usage, len(args), c.Command.Name)
+	}
+	for i, a := range args {
+		// filepath.Abs("") is the working directory: an empty argument
+		// (an unset shell variable) must not stand for it.
+		if a == "" {
+			return failf(exitUsage, "argument %d of %s is empty; give %s", i+1, c.Command.Name, usage)
+		}
 	}
 	return nil
 }

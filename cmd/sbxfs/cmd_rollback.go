@@ -20,7 +20,8 @@ is unmounted and removed; with --keep it stays mounted, empty, for re-use.`,
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted with an empty sandbox"},
 			&cli.DurationFlag{Name: "wait", Usage: "with --keep: wait up to `DURATION` for files open for writing to close"},
 		},
-		Action: runRollback,
+		OnUsageError: onUsageError,
+		Action:       runRollback,
 	}
 }
 
@@ -75,8 +76,9 @@ func recoverCommand() *cli.Command {
 before and the sandbox keeps its changes); one interrupted after it is
 finished (the original has every change). Every other command does this
 first too.`,
-		Flags:  []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"}},
-		Action: runRecover,
+		Flags:        []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"}},
+		OnUsageError: onUsageError,
+		Action:       runRecover,
 	}
 }
 

@@ -105,6 +105,9 @@ func runArgs(c *cli.Context) (string, []string, error) {
 	if strings.HasPrefix(args[0], "-") {
 		return "", nil, failf(exitUsage, "option %q after the arguments; put options before ORIGINAL (see 'sbxfs help run')", args[0])
 	}
+	if args[0] == "" {
+		return "", nil, failf(exitUsage, "ORIGINAL is empty; give the directory to run in (see 'sbxfs help run')")
+	}
 	orig, err := filepath.Abs(args[0])
 	if err != nil {
 		return "", nil, failf(exitBadPath, "original %q: %v; give an absolute path", args[0], err)

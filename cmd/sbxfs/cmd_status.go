@@ -72,7 +72,7 @@ func runStatus(c *cli.Context) error {
 	work, m := sb.work, sb.meta
 	cs, err := layers.Changes(sb.cfg)
 	if err != nil {
-		return fmt.Errorf("compute the changes of %s: %w", work, err)
+		return journalHint(fmt.Errorf("compute the changes of %s: %w", work, err), work)
 	}
 	st := statusJSON{Original: m.Lowers[0], Lowers: m.Lowers, Upper: m.Upper, Work: work, Changes: []changeJSON{}}
 	if sb.mount != nil {

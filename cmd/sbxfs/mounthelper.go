@@ -260,6 +260,9 @@ func runHelper(args []string) error {
 		// subject to the usual permission checks.
 		o.allowOther = true
 	}
+	if err := checkWorkFiles(o.work); err != nil {
+		return err
+	}
 	cfg := layers.Config{Upper: o.upper, Work: o.work, Lowers: o.lowers, Journal: filepath.Join(o.work, "journal")}
 	if err := bindLayers(&cfg); err != nil {
 		return err

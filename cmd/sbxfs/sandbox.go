@@ -30,6 +30,10 @@ func openSandbox(arg string, w io.Writer) (*sandbox, error) {
 		return nil, err
 	}
 	rec, err := commit.Recover(sb.cfg, commit.RecoverOptions{})
+	if errors.Is(err, commit.ErrUndoLog) {
+		return nil, failf(exitCommitFailed, "%v\nthe undo log %s of an interrupted commit is damaged, so sbxfs cannot tell what that commit changed; "+
+			"check the original, then move the undo log away: the sandbox keeps its changes", err, filepath.Join(sb.work, commit.UndoLogName))
+	}
 	if err != nil {
 		return nil, commitFailure(err)
 	}
@@ -162,7 +166,39 @@ func openSandboxAt(work string) (*sandbox, error) {
 	if err != nil {
 		return nil, failf(exitNotSbxfs, "%v; is %s an sbxfs sandbox?", err, work)
 	}
+	if err := checkRecord(work, m); err != nil {
+		return nil, err
+	}
 	return &sandbox{work: work, meta: m, cfg: m.Config(work)}, nil
+}
+
+// checkRecord refuses a sandbox record no sbxfs writes: the commands
+// would read, write and (rollback, commit) empty whatever it names. Its
+// layers are absolute, clean paths (sbxfs records them resolved), and
+// the work directory and the upper are real directories, not symlinks.
+func checkRecord(work string, m *layers.Meta) error {
+	rec := filepath.Join(work, layers.MetaFile)
+	for _, p := range append([]string{m.Upper}, m.Lowers...) {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return failf(exitNotSbxfs, "sandbox record %s names %q, which is not an absolute clean path: the record is damaged; restore it, or remove the sandbox directory", rec, p)
+		}
+	}
+	if err := checkWorkFiles(work); err != nil {
+		return err
+	}
+	for _, d := range []struct{ role, path string }{{"work directory", work}, {"upper directory", m.Upper}} {
+		st, err := os.Lstat(d.path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return failf(exitNotSbxfs, "%s %s: %v; check it and its permissions", d.role, d.path, err)
+		case st.Mode()&os.ModeSymlink != 0:
+			return failf(exitNotSbxfs, "the sandbox's %s %s is a symlink; sbxfs never makes one (it would work on whatever it points to): replace it by the real directory", d.role, d.path)
+		case !st.IsDir():
+			return failf(exitNotSbxfs, "the sandbox's %s %s is not a directory; restore it, or remove the sandbox directory", d.role, d.path)
+		}
+	}
+	return nil
 }
 
 // stillMounted reports whether the sandbox's mount is still there (an
@@ -173,4 +209,32 @@ func (sb *sandbox) stillMounted() bool {
 		return true
 	}
 	return sbxfsMountOf(mounts, sb.work) != nil
+}
+
+// workFiles are the files sbxfs keeps in a work directory by name; it
+// makes none of them a symlink.
+var workFiles = []string{layers.MetaFile, "journal", "commit.lock", commit.UndoLogName, "rebase.json",
+	commitRecordName, pidFileName, "server.log", manager.ControlSocket}
+
+// checkWorkFiles refuses a work directory where one of sbxfs's own files
+// is a symlink: followed, it would have sbxfs read or write some other
+// file.
+func checkWorkFiles(work string) error {
+	for _, name := range workFiles {
+		p := filepath.Join(work, name)
+		if st, err := os.Lstat(p); err == nil && st.Mode()&os.ModeSymlink != 0 {
+			return failf(exitBadPath, "%s is a symlink; sbxfs never makes one there (followed, it would read or write another file): remove it", p)
+		}
+	}
+	return nil
+}
+
+// journalHint adds what to do to an error that comes from a journal that
+// is not one (overwritten, or damaged in its header).
+func journalHint(err error, work string) error {
+	if !errors.Is(err, layers.ErrJournalMagic) {
+		return err
+	}
+	return &exitError{code: exitCode(err), err: fmt.Errorf("%w\nthe sandbox's journal %s is damaged, so its changes cannot be listed or committed; "+
+		"'sbxfs rollback' discards them (the original is untouched)", err, filepath.Join(work, "journal"))}
 }

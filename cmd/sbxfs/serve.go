@@ -175,9 +175,17 @@ type pidFile struct {
 func lockPidFile(work string) (*pidFile, error) {
 	path := filepath.Join(work, pidFileName)
 	for range 5 {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		// Never through a symlink (planted, it would have this process
+		// truncate and write some other file), never blocking on a FIFO.
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)
+		if err == nil {
+			if st, serr := f.Stat(); serr == nil && !st.Mode().IsRegular() {
+				f.Close()
+				err = fmt.Errorf("not a regular file (%v)", st.Mode().Type())
+			}
+		}
 		if err != nil {
-			return nil, fmt.Errorf("pid file: %w", err)
+			return nil, failf(exitBadPath, "pid file %s: %v; it must be a regular file: remove it", path, err)
 		}
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 			b, _ := io.ReadAll(f)
@@ -219,7 +227,7 @@ func waitServerExit(work string, timeout time.Duration) int {
 	path := filepath.Join(work, pidFileName)
 	deadline := time.Now().Add(timeout)
 	for {
-		f, err := os.Open(path)
+		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 		if err != nil {
 			return 0 // removed by the exiting server, or unreadable: nothing to wait for
 		}

@@ -68,12 +68,17 @@ func makeSandbox(dir string) error {
 }
 
 // mkdir0700 creates d with mode 0700 whatever the umask; an existing
-// directory is kept as it is.
+// directory is kept as it is. A symlink is refused: the sandbox would
+// write wherever it points.
 func mkdir0700(d string) error {
 	err := os.Mkdir(d, 0o700)
 	switch {
 	case errors.Is(err, os.ErrExist):
-		if st, serr := os.Stat(d); serr != nil || !st.IsDir() {
+		st, serr := os.Lstat(d)
+		if serr == nil && st.Mode()&os.ModeSymlink != 0 {
+			return failf(exitBadPath, "%q is a symlink; a sandbox's directories must be real directories: remove it or give another --upper", d)
+		}
+		if serr != nil || !st.IsDir() {
 			return failf(exitBadPath, "%q exists and is not a directory; remove it or give another --upper", d)
 		}
 		return nil
