@@ -169,9 +169,17 @@ func runHelper(name string, args []string) int {
 		fmt.Printf("%d %d\n", lk.Type, lk.Pid)
 		return 0
 	}
+	if h, ok := extraHelpers[name]; ok {
+		return h(args)
+	}
 	fmt.Fprintln(os.Stderr, "unknown helper", name)
 	return 2
 }
+
+// extraHelpers are helpers other test files add (in an init function):
+// name -> the helper, run with the arguments of helperCmd; its result is
+// the exit status.
+var extraHelpers = map[string]func(args []string) int{}
 
 // Small tools.
 
