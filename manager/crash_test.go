@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 
@@ -147,4 +148,54 @@ func TestSecondManagerIsLockedOut(t *testing.T) {
 	m2, err := New(Options{StateRoot: root})
 	require.NoError(t, err, "free again after Close")
 	require.NoError(t, m2.Close())
+}
+
+// A nested plan (unmounted: the child's original is a directory in the
+// parent's mountpoint) killed once the child is marked committed into its
+// parent: recovery finishes and ends the child, undoes nothing of it, and
+// leaves the parent active with its changes and its original all-old.
+func TestCrashNestedAfterTheChildsCommitPoint(t *testing.T) {
+	for _, point := range []string{"applied-0", "nested-committed-0", "nested-ended-0", "applied-1"} {
+		t.Run(point, func(t *testing.T) {
+			root := t.TempDir()
+			m := open(t, root)
+			parentOrig := makeTree(t, map[string]string{"top": "t"})
+			parent, err := m.Create(ctx, CreateOptions{Plan: "p", Original: parentOrig})
+			require.NoError(t, err)
+			inner := filepath.Join(parent.Mountpoint, "inner")
+			require.NoError(t, os.Mkdir(inner, 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(inner, "c"), []byte("c"), 0o644))
+			child, err := m.Create(ctx, CreateOptions{Plan: "p", Original: inner})
+			require.NoError(t, err)
+			edit(t, m, parent.ID, func(e *editor) { e.write("top", "parent") })
+			edit(t, m, child.ID, func(e *editor) { e.write("c", "child") })
+			require.NoError(t, m.Close())
+
+			ws, out := runChild(t, childJob{Op: "commit", Root: root, Plan: "p", Point: point})
+			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child dies at %s: %s", point, out)
+
+			m = open(t, root)
+			assert.Equal(t, "t", readFile(t, parentOrig, "top"), "the real original is all-old")
+			p, err := m.Get(parent.ID)
+			require.NoError(t, err)
+			assert.Equal(t, Active, p.State)
+			c, err := m.Get(child.ID)
+			require.NoError(t, err)
+			if point == "applied-0" {
+				assert.Equal(t, Active, c.State, "not yet committed into its parent: undone")
+				assert.Equal(t, "c", readFile(t, inner, "c"))
+			} else {
+				assert.Equal(t, Committed, c.State, "committed into its parent, after a crash too")
+				assert.Equal(t, "child", readFile(t, inner, "c"))
+			}
+			_, err = os.Stat(m.planRecordPath("p"))
+			assert.ErrorIs(t, err, os.ErrNotExist)
+			// Keep: the parent's mountpoint (a plain directory here) holds
+			// the child's original, so it could not be removed.
+			res, err := m.CommitPlan(ctx, "p", CommitOptions{Keep: true})
+			require.NoError(t, err)
+			assert.Contains(t, res.Committed, parent.ID)
+			assert.Equal(t, "parent", readFile(t, parentOrig, "top"))
+		})
+	}
 }

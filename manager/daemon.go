@@ -31,7 +31,9 @@ import (
 //	{"op":"rollback","id":ID|"plan":P,"keep":K}                     -> done, failed
 //	{"op":"destroy","id":ID|"plan":P}                               -> done, failed
 //	{"op":"gc"}                                                     -> done, failed
+//	{"op":"unmount","id":ID,"lazy":L}                               -> (the sandbox stays active)
 //	{"op":"ping"}                                                   -> pid
+//	{"op":"stop"}                                                   -> pid; then the daemon stops
 //
 // Every response has ok and pid (the daemon's); a failure has error (the
 // message) and code (what kind: see the Code constants), and keeps the
@@ -62,6 +64,7 @@ type daemonRequest struct {
 	Force      bool   `json:"force,omitempty"`
 	Keep       bool   `json:"keep,omitempty"`
 	WaitMs     int64  `json:"wait_ms,omitempty"`
+	Lazy       bool   `json:"lazy,omitempty"`
 }
 
 type daemonResponse struct {
@@ -138,7 +141,7 @@ func ErrorCode(err error) string {
 		return CodeNotFound
 	case errors.Is(err, commit.ErrConflict), errors.Is(err, ErrOverlap):
 		return CodeConflict
-	case errors.Is(err, commit.ErrBusy), errors.As(err, &be), errors.Is(err, ErrLocked), errors.Is(err, unix.EBUSY):
+	case errors.Is(err, commit.ErrBusy), errors.As(err, &be), errors.Is(err, ErrLocked), errors.Is(err, unix.EBUSY), errors.Is(err, ErrNested):
 		return CodeBusy
 	case errors.Is(err, ErrIllegalMove), errors.Is(err, ErrNotActive):
 		return CodeIllegalMove
@@ -160,6 +163,9 @@ type DaemonServer struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]bool
 	closed bool
+
+	stopOnce sync.Once
+	stop     chan struct{} // closed once a client asked the daemon to stop
 }
 
 // ServeDaemon listens on stateRoot/daemon.sock (mode 0600; stateRoot ""
@@ -184,7 +190,7 @@ func ServeDaemon(m *Manager, stateRoot string) (*DaemonServer, error) {
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false) // the name is a /proc path; Close removes path
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &DaemonServer{m: m, ln: ln, path: path, ctx: ctx, cancel: cancel, conns: map[net.Conn]bool{}}
+	s := &DaemonServer{m: m, ln: ln, path: path, ctx: ctx, cancel: cancel, conns: map[net.Conn]bool{}, stop: make(chan struct{})}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -192,6 +198,11 @@ func ServeDaemon(m *Manager, stateRoot string) (*DaemonServer, error) {
 
 // Path is the socket's path.
 func (s *DaemonServer) Path() string { return s.path }
+
+// StopRequested is closed once a client asked the daemon to stop (the
+// "stop" request, answered first): the daemon's owner then stops as on
+// SIGTERM (Close, then Manager.Close).
+func (s *DaemonServer) StopRequested() <-chan struct{} { return s.stop }
 
 // Close stops answering: it removes the socket, cancels the operations
 // in flight (a commit not past its commit point is undone), ends every
@@ -254,7 +265,12 @@ func (s *DaemonServer) serve(conn net.Conn) {
 		}
 		resp := s.handle(req)
 		resp.Pid = os.Getpid()
-		if enc.Encode(resp) != nil {
+		err := enc.Encode(resp)
+		if req.Op == "stop" {
+			s.m.log.Info("daemon stop requested")
+			s.stopOnce.Do(func() { close(s.stop) })
+		}
+		if err != nil {
 			return
 		}
 	}
@@ -271,7 +287,13 @@ func (s *DaemonServer) handle(req daemonRequest) (resp daemonResponse) {
 		}
 	}()
 	switch req.Op {
-	case "ping":
+	case "ping", "stop":
+	case "unmount":
+		if req.ID == "" {
+			err = fmt.Errorf("%w: unmount needs a sandbox id", ErrInvalid)
+		} else {
+			err = s.m.Unmount(s.ctx, req.ID, req.Lazy)
+		}
 	case "create":
 		var sb Sandbox
 		sb, err = s.m.Create(s.ctx, CreateOptions{Plan: req.Plan, Name: req.Name, Original: req.Original, Mountpoint: req.Mountpoint})

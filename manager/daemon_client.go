@@ -136,6 +136,21 @@ func (d *Daemon) Ping() (int, error) {
 	return resp.Pid, err
 }
 
+// Unmount takes sandbox id's mount down; it stays active and the next
+// daemon mounts it again (see Manager.Unmount).
+func (d *Daemon) Unmount(id string, lazy bool) error {
+	_, err := d.call(daemonRequest{Op: "unmount", ID: id, Lazy: lazy})
+	return err
+}
+
+// Stop asks the daemon to stop as on SIGTERM: it answers, then unmounts
+// every sandbox (they stay active) and exits. Stop returns once it has
+// answered, not once it has exited: wait for the process (d.Pid).
+func (d *Daemon) Stop() error {
+	_, err := d.call(daemonRequest{Op: "stop"})
+	return err
+}
+
 // Create makes a sandbox (see Manager.Create).
 func (d *Daemon) Create(o CreateOptions) (Sandbox, error) {
 	resp, err := d.call(daemonRequest{Op: "create", Plan: o.Plan, Name: o.Name, Original: o.Original, Mountpoint: o.Mountpoint})

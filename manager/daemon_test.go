@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -193,4 +194,37 @@ func TestDaemonClose(t *testing.T) {
 	assert.ErrorIs(t, err, ErrDaemonGone, "the connection ends with the server")
 	_, err = DialDaemon(m.StateRoot())
 	assert.ErrorIs(t, err, ErrNoDaemon)
+}
+
+// The stop request is answered, then StopRequested is closed (the
+// daemon's owner stops as on SIGTERM); unmount asks the manager.
+func TestDaemonStopAndUnmountRequests(t *testing.T) {
+	m := open(t, t.TempDir())
+	s, d := serveDaemon(t, m)
+	fx := newFixture(t, m, "p", 1)
+
+	require.NoError(t, d.Unmount(fx.ids[0], false), "a sandbox nobody mounts: nothing to do")
+	sb, err := m.Get(fx.ids[0])
+	require.NoError(t, err)
+	assert.Equal(t, Active, sb.State, "it stays active")
+	err = d.Unmount("0123456789abcdef", false)
+	assert.ErrorIs(t, err, ErrNotFound)
+	assert.Equal(t, CodeInvalid, rawCall(t, m.StateRoot(), `{"op":"unmount"}`).Code, "unmount needs an id")
+	_, err = d.Destroy(Target{ID: fx.ids[0]})
+	require.NoError(t, err)
+	assert.ErrorIs(t, d.Unmount(fx.ids[0], false), ErrNotActive)
+
+	select {
+	case <-s.StopRequested():
+		t.Fatal("stop requested before any stop request")
+	default:
+	}
+	require.NoError(t, d.Stop())
+	select {
+	case <-s.StopRequested():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a stop request does not reach the daemon's owner")
+	}
+	_, err = d.Ping()
+	assert.NoError(t, err, "the server answers until its owner closes it")
 }

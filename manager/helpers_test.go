@@ -21,7 +21,11 @@ import (
 // order anywhere panics.
 func TestMain(m *testing.M) {
 	checkLockOrder.Store(true)
-	os.Exit(m.Run())
+	code := m.Run()
+	if testdaemonBuild.dir != "" {
+		os.RemoveAll(testdaemonBuild.dir)
+	}
+	os.Exit(code)
 }
 
 // testHandler sends the manager's log to the test's log; strict makes any

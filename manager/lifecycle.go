@@ -5,12 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // RollbackPlan discards the changes of every active sandbox of plan; the
 // originals are untouched. Without keep the sandboxes are unmounted and
 // their directories removed (rolled back); with keep they stay, empty and
-// active, for re-use. It goes on past a failure and reports each.
+// active, for re-use. Nested sandboxes go before their parents (the one
+// mounted on top first). It goes on past a failure and reports each.
 func (m *Manager) RollbackPlan(ctx context.Context, plan string, keep bool) (*BatchResult, error) {
 	return m.rollback(ctx, plan, "", keep)
 }
@@ -38,7 +43,7 @@ func (m *Manager) rollback(ctx context.Context, plan, only string, keep bool) (*
 	if err := m.settlePlan(plan); err != nil {
 		m.log.Warn("an earlier commit of the plan is unsettled; its sandboxes are not rolled back", "plan", plan, "err", err)
 	}
-	for _, r := range m.snapshot(plan) {
+	for _, r := range m.childrenFirst(m.snapshot(plan)) {
 		switch {
 		case only != "" && r.ID != only:
 		case r.State == Active:
@@ -57,6 +62,11 @@ func (m *Manager) rollback(ctx context.Context, plan, only string, keep bool) (*
 func (m *Manager) rollbackOne(r *record, keep bool) error {
 	if hasUndoLog(m.work(r.ID)) {
 		return fmt.Errorf("%w: its changes are kept until it is recovered", ErrInterrupted)
+	}
+	if !keep {
+		if err := m.nestedActive(r); err != nil {
+			return err
+		}
 	}
 	if keep {
 		if err := m.reset(&participant{rec: *r, closeCtl: func() {}}); err != nil {
@@ -112,6 +122,9 @@ func (m *Manager) destroy(r *record) error {
 	if r.State == CleanedUp {
 		return nil
 	}
+	if err := m.nestedActive(r); err != nil {
+		return err
+	}
 	if hasUndoLog(m.work(r.ID)) {
 		if err := m.settlePlan(r.Plan); err != nil {
 			return err
@@ -131,7 +144,8 @@ func (m *Manager) destroy(r *record) error {
 	return nil
 }
 
-// DestroyPlan destroys every sandbox of plan, going on past failures.
+// DestroyPlan destroys every sandbox of plan, nested sandboxes before
+// their parents, going on past failures.
 func (m *Manager) DestroyPlan(ctx context.Context, plan string) (*BatchResult, error) {
 	res := &BatchResult{Op: "destroy plan " + plan}
 	done, err := m.enterPlan(ctx, plan)
@@ -140,7 +154,7 @@ func (m *Manager) DestroyPlan(ctx context.Context, plan string) (*BatchResult, e
 		return res.finish()
 	}
 	defer done()
-	for _, r := range m.snapshot(plan) {
+	for _, r := range m.childrenFirst(m.snapshot(plan)) {
 		if r.State == CleanedUp {
 			continue
 		}
@@ -188,4 +202,103 @@ func (m *Manager) enterPlan(ctx context.Context, plan string) (done func(), err 
 		return nil, err
 	}
 	return func() { unlock(); leave() }, nil
+}
+
+// childrenFirst orders rs (List order) so that a sandbox nested in another
+// comes before it, as in a commit: whatever is mounted on top of a mount
+// goes first. Without nesting the order is unchanged.
+func (m *Manager) childrenFirst(rs []record) []record {
+	var live, rest []record
+	for _, r := range rs {
+		if r.State == Active || r.State == Pending {
+			live = append(live, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	order, err := commitOrder(live)
+	if err != nil {
+		m.log.Warn("cannot order nested sandboxes", "err", err)
+		return rs
+	}
+	return append(order, rest...)
+}
+
+// Unmount takes sandbox id's mount down and waits for its server to
+// finish (the journal flushed). The sandbox stays active with its changes
+// (Get says Mounted false): it can still be committed, rolled back or
+// destroyed, and the next manager with Options.Mount (the next daemon)
+// mounts it again. A busy mount fails (unix.EBUSY) unless lazy, which
+// detaches it at once and does not wait for the files open under it. A
+// sandbox with a mounted sandbox nested in it is refused (ErrNested):
+// unmount that one first. Unmounting a sandbox that is not mounted does
+// nothing.
+func (m *Manager) Unmount(ctx context.Context, id string, lazy bool) error {
+	r, ok := m.get(id)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	done, err := m.enterPlan(ctx, r.Plan)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if r, ok = m.get(id); !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if r.State != Active {
+		return fmt.Errorf("%w: sandbox %s is %s", ErrNotActive, id, r.State)
+	}
+	for _, o := range m.snapshot("") {
+		if o.State == Active && nestedIn(&o, &r) && m.mountOf(o.ID) != nil {
+			return fmt.Errorf("%w: sandbox %s is mounted on it (its original is %s): unmount it first", ErrNested, o.ID, o.Original)
+		}
+	}
+	mt := m.mountOf(id)
+	if mt == nil {
+		return m.unmountSandbox(&r, lazy) // a stale mount, or one served elsewhere
+	}
+	// A file closed just before may hold the mount a moment longer (the
+	// kernel releases FUSE files asynchronously): retry briefly.
+	for delay := 20 * time.Millisecond; ; delay *= 2 {
+		err = unmountServed(mt, r.Mountpoint)
+		if err == nil || !errors.Is(err, unix.EBUSY) || delay > time.Second {
+			break
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err != nil && lazy && errors.Is(err, unix.EBUSY) {
+		m.log.Info("the mount is busy; detaching it lazily", "sandbox", id)
+		return lazyDetach(r.Mountpoint)
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-mt.done:
+	case <-time.After(unmountWait):
+		return fmt.Errorf("%s is unmounted but its server has not finished after %s", r.Mountpoint, unmountWait)
+	}
+	m.log.Info("sandbox unmounted; it stays active", "sandbox", id)
+	return nil
+}
+
+// unmountServed unmounts a mount this process serves; its server then
+// finishes (mount.done). A busy mount fails with unix.EBUSY.
+func unmountServed(mt *mount, mnt string) error {
+	if os.Geteuid() == 0 {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			return fmt.Errorf("unmount %s: %w", mnt, err)
+		}
+		return nil
+	}
+	err := mt.srv.Unmount() // fusermount3 -u
+	if err != nil && strings.Contains(strings.ToLower(err.Error()), "busy") {
+		return fmt.Errorf("%w: %v", unix.EBUSY, err)
+	}
+	return err
 }

@@ -52,6 +52,10 @@ type Options struct {
 	// DestroyOnExit makes Close (and SIGINT or SIGTERM once WatchSignals
 	// is used) destroy every sandbox this manager created.
 	DestroyOnExit bool
+	// Fault, when set, is called at the named points of every plan commit,
+	// before CommitOptions.Fault (tests kill the process there: the
+	// daemon's SBXFS_FAULT).
+	Fault func(point string)
 }
 
 // Manager owns the sandboxes of one state root. One manager per state
@@ -241,13 +245,20 @@ func (m *Manager) close() error {
 	m.closed = true
 	var errs []error
 	if m.opt.DestroyOnExit {
+		created := map[string]bool{}
 		for _, id := range m.createdIDs() {
-			if err := m.destroyID(context.Background(), id); err != nil {
-				errs = append(errs, fmt.Errorf("destroy %s: %w", id, err))
+			created[id] = true
+		}
+		for _, r := range m.childrenFirst(m.snapshot("")) {
+			if !created[r.ID] {
+				continue
+			}
+			if err := m.destroyID(context.Background(), r.ID); err != nil {
+				errs = append(errs, fmt.Errorf("destroy %s: %w", r.ID, err))
 			}
 		}
 	}
-	for _, r := range m.snapshot("") {
+	for _, r := range m.childrenFirst(m.snapshot("")) {
 		if m.mountOf(r.ID) != nil {
 			if err := m.unmountSandbox(&r, true); err != nil {
 				errs = append(errs, fmt.Errorf("unmount %s: %w", r.ID, err))

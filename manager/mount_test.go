@@ -3,12 +3,14 @@ package manager
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,12 +42,10 @@ func startDaemon(t *testing.T, root, orig string) *daemon {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse")
 	}
-	bin := filepath.Join(t.TempDir(), "testdaemon")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(gobin, "build", "-o", bin, "./internal/testdaemon").CombinedOutput()
-	require.NoError(t, err, "build testdaemon: %s", out)
+	bin := testdaemonBin(t)
 	d := &daemon{t: t, cmd: exec.Command(bin, root, orig), lines: make(chan string, 16)}
 	d.cmd.Stderr = &testWriter{t}
+	var err error
 	d.in, err = d.cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := d.cmd.StdoutPipe()
@@ -63,6 +63,32 @@ func startDaemon(t *testing.T, root, orig string) *daemon {
 	require.Len(t, f, 3)
 	d.id, d.mnt = f[1], f[2]
 	return d
+}
+
+var testdaemonBuild struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// testdaemonBin builds the testdaemon once per test run (TestMain removes
+// it) and returns its path.
+func testdaemonBin(t *testing.T) string {
+	t.Helper()
+	b := &testdaemonBuild
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "sbxfs-testdaemon-"); b.err != nil {
+			return
+		}
+		b.bin = filepath.Join(b.dir, "testdaemon")
+		gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		out, err := exec.Command(gobin, "build", "-o", b.bin, "./internal/testdaemon").CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("build testdaemon: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, b.err)
+	return b.bin
 }
 
 // next returns the next line starting with prefix.

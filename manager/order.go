@@ -15,6 +15,17 @@ func nestedIn(a, b *record) bool {
 	return a.ID != b.ID && within(a.Original, b.Mountpoint)
 }
 
+// nestedActive refuses (ErrNested) to take r's mount away while an active
+// sandbox is nested in it.
+func (m *Manager) nestedActive(r *record) error {
+	for _, o := range m.snapshot("") {
+		if o.State == Active && nestedIn(&o, r) {
+			return fmt.Errorf("%w: sandbox %s (its original %s is this sandbox's mount): commit, roll back or destroy it first, or the whole plan %s", ErrNested, o.ID, o.Original, r.Plan)
+		}
+	}
+	return nil
+}
+
 // commitLevels splits rs (any order) into levels: level 0 holds the
 // sandboxes with no sandbox of rs nested in them; level n+1 those whose
 // nested sandboxes are all in levels up to n. A level is committed only

@@ -76,8 +76,9 @@ func checkMountpoint(mnt string) error {
 
 // checkPlacement refuses a new sandbox whose directories collide with
 // each other, with the state root or with a live sandbox. A sandbox whose
-// original lies inside another sandbox's mountpoint is allowed: it is
-// nested, and commits before its parent. Call with the registry locked.
+// original lies inside another sandbox's mountpoint is allowed in that
+// sandbox's plan: it is nested, and commits before its parent. Call with
+// the registry locked.
 func (m *Manager) checkPlacement(r *record) error {
 	switch {
 	case within(r.Mountpoint, r.Original):
@@ -101,6 +102,10 @@ func (m *Manager) checkPlacement(r *record) error {
 			return fmt.Errorf("%w: mountpoint %q is inside sandbox %s (%s over %s)", ErrInvalid, r.Mountpoint, o.ID, o.Mountpoint, o.Original)
 		case within(o.Mountpoint, r.Original) && o.Mountpoint != r.Original:
 			return fmt.Errorf("%w: original %q holds the mountpoint of sandbox %s (%s)", ErrInvalid, r.Original, o.ID, o.Mountpoint)
+		case within(r.Original, o.Mountpoint) && o.Plan != r.Plan:
+			// Its commit stages in the parent's mount, which a commit of
+			// another plan could take for the parent's own change.
+			return fmt.Errorf("%w: original %q is inside the mount of sandbox %s of plan %s: a nested sandbox must be in its parent's plan", ErrInvalid, r.Original, o.ID, o.Plan)
 		case within(r.Original, o.Mountpoint):
 			nested = true
 		}

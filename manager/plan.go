@@ -20,7 +20,8 @@ type CommitOptions struct {
 	// Fault, when set, is called at the named points of the plan protocol
 	// (tests kill the process or panic there): "prepared-all",
 	// "plan-recorded", "applied-<k>" (after the k-th sandbox, from 0, in
-	// commit order), "plan-committed", "finished".
+	// commit order), with nested sandboxes "nested-committed-<level>" and
+	// "nested-ended-<level>" (from 0), then "plan-committed", "finished".
 	Fault func(point string)
 }
 
@@ -34,6 +35,14 @@ type participant struct {
 	frozen   bool
 	txn      *commit.Txn
 	failed   error // its undo failed
+	// nested: its original lies in another participant's mountpoint. It
+	// is committed into that parent at the end of its level (done), before
+	// the parent is frozen and prepared: its transaction directory lives in
+	// the parent's mount until it is finished, and must be gone from the
+	// parent's change set and never be removed through a frozen mount.
+	nested     bool
+	done       bool // committed into its parent (the plan record says so)
+	unfinished bool // done, but finishing or ending it failed
 }
 
 // planCommit is one run of the plan commit protocol (docs/manager.md).
@@ -76,6 +85,14 @@ func (m *Manager) Commit(ctx context.Context, id string, o CommitOptions) (*Plan
 }
 
 func (m *Manager) commitPlan(ctx context.Context, plan, only string, o CommitOptions) (*PlanResult, error) {
+	if f, inner := m.opt.Fault, o.Fault; f != nil {
+		o.Fault = func(point string) {
+			f(point)
+			if inner != nil {
+				inner(point)
+			}
+		}
+	}
 	res := &PlanResult{Plan: plan}
 	unlock, err := m.lockPlan(ctx, plan)
 	if err != nil {
@@ -86,6 +103,14 @@ func (m *Manager) commitPlan(ctx context.Context, plan, only string, o CommitOpt
 	if err := m.settlePlan(plan); err != nil {
 		res.Err = fmt.Errorf("an earlier commit of the plan is unsettled: %w", err)
 		return res.finish()
+	}
+	if r, ok := m.get(only); ok && !o.Keep {
+		// Committed alone and ended, it would take its nested sandboxes'
+		// original away.
+		if err := m.nestedActive(&r); err != nil {
+			res.Err = err
+			return res.finish()
+		}
 	}
 	c := &planCommit{m: m, opt: o, res: res, record: planRecord{Plan: plan, State: planPrepared, Keep: o.Keep}}
 	if err := c.enlist(only); err != nil {
@@ -132,6 +157,13 @@ func (c *planCommit) enlist(only string) error {
 		}
 		c.levels = append(c.levels, ps)
 	}
+	for _, p := range c.parts {
+		for _, q := range c.parts {
+			if nestedIn(&p.rec, &q.rec) {
+				p.nested = true
+			}
+		}
+	}
 	return nil
 }
 
@@ -150,7 +182,7 @@ func (c *planCommit) run(ctx context.Context) {
 // applyAll runs each level: freeze and prepare its sandboxes, record the
 // plan, apply them in order. Nothing is undone here.
 func (c *planCommit) applyAll(ctx context.Context) error {
-	for _, lv := range c.levels {
+	for level, lv := range c.levels {
 		for _, p := range lv {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -179,6 +211,84 @@ func (c *planCommit) applyAll(ctx context.Context) error {
 				return err
 			}
 		}
+		if err := c.commitNested(lv, level); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commitNested commits the nested sandboxes of a level into their
+// parents' mounts, before the next level freezes and prepares the
+// parents: the plan record marks them done (their commit point: from here
+// on they are committed, after a crash too), then each transaction is
+// finished (its transaction directory, in the parent's mount, removed)
+// and the sandbox ended as after a commit, and the record forgets them.
+// The real originals are not touched: they change only with the plan's
+// commit point. Fault points "nested-committed-<level>" (after the mark)
+// and "nested-ended-<level>".
+func (c *planCommit) commitNested(lv []*participant, level int) error {
+	var ns []*participant
+	for _, p := range lv {
+		if p.nested && p.txn != nil {
+			ns = append(ns, p)
+		}
+	}
+	if len(ns) == 0 {
+		return nil
+	}
+	for _, p := range ns {
+		c.record.markDone(p.rec.ID, true)
+	}
+	if err := c.m.writePlanRecord(&c.record); err != nil {
+		// The record may or may not say done now. Remove it: then undo is
+		// right (the sandboxes' undo logs are not marked committed). If even
+		// that fails, go on as if it said done: finishing them is right
+		// whatever the disk says (without the mark, recovery still undoes
+		// them until their transactions are finished).
+		rerr := c.m.removePlanRecord(c.record.Plan)
+		if rerr == nil {
+			for _, p := range ns {
+				c.record.markDone(p.rec.ID, false)
+			}
+			return err
+		}
+		c.m.log.Error("the plan record could be neither written nor withdrawn; committing the nested sandboxes into their parents anyway",
+			"plan", c.record.Plan, "err", err, "remove_err", rerr)
+	}
+	for _, p := range ns {
+		p.done = true
+	}
+	failed := c.fault(fmt.Sprintf("nested-committed-%d", level))
+	var errs []error
+	var ended []string
+	for _, p := range ns {
+		_ = safely(p.txn.MarkCommitted) // the plan record decides
+		err := safely(p.txn.Finish)
+		p.txn = nil
+		if err == nil {
+			err = safely(func() error { return c.m.afterCommit(p, c.opt.Keep) })
+		}
+		if err != nil {
+			p.unfinished = true
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
+			c.m.note(&p.rec, "committed into its parent, but ending the sandbox failed (retried by the next operation on the plan): "+err.Error())
+			continue
+		}
+		ended = append(ended, p.rec.ID)
+	}
+	c.record.drop(ended)
+	if err := c.m.writePlanRecord(&c.record); err != nil {
+		c.m.log.Warn("the plan record still lists nested sandboxes already ended", "plan", c.record.Plan, "err", err)
+	}
+	if failed == nil {
+		failed = c.fault(fmt.Sprintf("nested-ended-%d", level))
+	}
+	if failed != nil {
+		errs = append(errs, failed)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("nested sandboxes committed into their parents, then: %w", errors.Join(errs...))
 	}
 	return nil
 }
@@ -241,17 +351,26 @@ func (c *planCommit) abort(cause error) {
 		}
 		p.txn = nil
 	}
+	var unfinished []string
 	for _, p := range c.parts {
-		if p.failed != nil {
+		switch {
+		case p.done:
+			c.res.Committed = append(c.res.Committed, p.rec.ID)
+			if p.unfinished {
+				unfinished = append(unfinished, p.rec.ID)
+			}
+		case p.failed != nil:
 			c.res.RollbackFailed = append(c.res.RollbackFailed, Failure{ID: p.rec.ID, Err: p.failed})
 			c.m.note(&p.rec, "rollback after a failed plan commit failed: "+p.failed.Error())
-		} else {
+		default:
 			c.res.RolledBack = append(c.res.RolledBack, p.rec.ID)
 		}
 	}
 	if len(c.res.RollbackFailed) == 0 {
-		if err := c.m.removePlanRecord(c.record.Plan); err != nil {
-			c.m.log.Warn("a prepared plan record stays (harmless: it decides undo)", "plan", c.record.Plan, "err", err)
+		// Only nested sandboxes committed into their parents and not yet
+		// ended stay listed (done): the next operation on the plan ends them.
+		if err := c.m.narrowPlanRecord(&c.record, unfinished); err != nil {
+			c.m.log.Warn("the prepared plan record stays", "plan", c.record.Plan, "err", err)
 		}
 	}
 }
@@ -313,17 +432,26 @@ func (c *planCommit) finish(failed error) {
 	}
 	var unfinished []string
 	for _, p := range c.parts {
+		c.res.Committed = append(c.res.Committed, p.rec.ID)
+		if p.done { // committed into its parent already
+			if p.unfinished {
+				unfinished = append(unfinished, p.rec.ID)
+			}
+			continue
+		}
 		_ = safely(p.txn.MarkCommitted) // the plan record decides; this only helps a lone reader of the undo log
 		if err := safely(p.txn.Finish); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
 			unfinished = append(unfinished, p.rec.ID)
 		}
-		c.res.Committed = append(c.res.Committed, p.rec.ID)
 	}
 	if err := c.fault("finished"); err != nil {
 		errs = append(errs, err)
 	}
 	for _, p := range c.parts {
+		if p.done {
+			continue
+		}
 		if err := safely(func() error { return c.m.afterCommit(p, c.opt.Keep) }); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
 			unfinished = append(unfinished, p.rec.ID)

@@ -262,6 +262,8 @@ func TestNestedCommitsChildFirst(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(inner, "c"), []byte("c"), 0o644))
 	child, err := m.Create(ctx, CreateOptions{Plan: "p", Original: inner})
 	require.NoError(t, err)
+	_, err = m.Create(ctx, CreateOptions{Plan: "other", Original: inner})
+	assert.ErrorIs(t, err, ErrInvalid, "a nested sandbox must be in its parent's plan")
 	edit(t, m, parent.ID, func(e *editor) { e.write("top", "parent") })
 	edit(t, m, child.ID, func(e *editor) { e.write("c", "child") })
 

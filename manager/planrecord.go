@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sbxfs/sbxfs/fsutil"
@@ -33,10 +34,14 @@ type planRecord struct {
 	Txns    []planTxn `json:"txns"`
 }
 
-// planTxn is one sandbox's transaction in a plan commit.
+// planTxn is one sandbox's transaction in a plan commit. Done marks a
+// nested sandbox committed into its parent's mount at the end of its
+// level, before the plan's commit point: it is committed whatever the
+// plan's state (see docs/manager.md, nesting).
 type planTxn struct {
 	Sandbox string `json:"sandbox"`
 	Txn     string `json:"txn"`
+	Done    bool   `json:"done,omitempty"`
 }
 
 // ErrDamagedPlanRecord marks a plan record this code cannot trust: the
@@ -108,30 +113,46 @@ func (m *Manager) removePlanRecord(plan string) error {
 }
 
 // decide answers commit.RecoverOptions.Decide for the plan: a transaction
-// the record lists is committed iff the record says so; one it does not
-// list is left to its own undo log (a manager never marks an undo log
-// committed before its plan record is).
+// the record lists is committed iff the record says so (the plan is
+// committed, or the transaction is marked done); one it does not list is
+// left to its own undo log (a manager never marks an undo log committed
+// before its plan record is).
 func (p *planRecord) decide(txn string) (committed, known bool) {
 	if p == nil {
 		return false, false
 	}
 	for _, t := range p.Txns {
 		if t.Txn == txn {
-			return p.State == planCommitted, true
+			return p.State == planCommitted || t.Done, true
 		}
 	}
 	return false, false
 }
 
-// lists reports whether the record names sandbox id.
-func (p *planRecord) lists(id string) bool {
+// committed reports whether the record names sandbox id as committed:
+// listed in a committed plan, or marked done.
+func (p *planRecord) committed(id string) bool {
 	if p == nil {
 		return false
 	}
 	for _, t := range p.Txns {
 		if t.Sandbox == id {
-			return true
+			return p.State == planCommitted || t.Done
 		}
 	}
 	return false
+}
+
+// markDone marks the transaction of sandbox id done.
+func (p *planRecord) markDone(id string, done bool) {
+	for i := range p.Txns {
+		if p.Txns[i].Sandbox == id {
+			p.Txns[i].Done = done
+		}
+	}
+}
+
+// drop removes the sandboxes ids from the record.
+func (p *planRecord) drop(ids []string) {
+	p.Txns = slices.DeleteFunc(p.Txns, func(t planTxn) bool { return slices.Contains(ids, t.Sandbox) })
 }

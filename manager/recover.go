@@ -76,10 +76,10 @@ func (m *Manager) settlePlan(plan string) error {
 			unfinished = append(unfinished, order[i].ID)
 		}
 	}
-	if pr != nil && pr.State == planCommitted {
+	if pr != nil {
 		for i := range order {
 			r := &order[i]
-			if !pr.lists(r.ID) || hasUndoLog(m.work(r.ID)) {
+			if !pr.committed(r.ID) || hasUndoLog(m.work(r.ID)) {
 				continue
 			}
 			p := &participant{rec: *r, closeCtl: func() {}}
@@ -157,11 +157,16 @@ func (m *Manager) recoverSandbox(r *record, pr *planRecord) error {
 	return nil
 }
 
-// mountParents mounts the active sandboxes whose mount holds r's original
-// (after a crash, before r's recovery writes through them).
+// mountParents mounts the active sandboxes whose mount holds r's original,
+// their own parents first (after a crash, before r's recovery writes
+// through them).
 func (m *Manager) mountParents(r *record) {
 	for _, o := range m.snapshot("") {
 		if o.State == Active && nestedIn(r, &o) && m.mountOf(o.ID) == nil {
+			m.mountParents(&o)
+			if err := m.detachStale(&o, true); err != nil {
+				m.log.Warn("a stale mount could not be detached", "sandbox", o.ID, "err", err)
+			}
 			if err := m.mountSandbox(&o); err != nil {
 				m.log.Error("cannot mount a parent sandbox for recovery", "sandbox", o.ID, "err", err)
 			}

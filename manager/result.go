@@ -19,6 +19,11 @@ var (
 	// ErrInterrupted says a sandbox holds an interrupted commit that could
 	// not be finished or undone: its undo log and backups are kept.
 	ErrInterrupted = errors.New("the sandbox holds an interrupted commit")
+	// ErrNested says an active sandbox is nested in this one (its original
+	// is this sandbox's mount): unmounting or removing this one alone would
+	// take its original away. Commit, roll back or destroy the plan, or
+	// the nested sandbox first. Its code on the daemon socket is busy.
+	ErrNested = errors.New("a sandbox nested in it is active")
 )
 
 // Failure is one sandbox that an operation could not handle, and why.

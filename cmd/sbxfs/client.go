@@ -103,7 +103,7 @@ func daemonFailure(err error, root string, other int) error {
 	case manager.CodeBusy:
 		return failf(exitBusy, "%w; close the files or processes using the sandbox, or retry", err)
 	case manager.CodeConflict:
-		return failf(exitConflict, "%w\nnothing was applied; resolve the conflicts or use --force", err)
+		return failf(exitConflict, "%w\nno original was changed; resolve the conflicts or use --force", err)
 	case manager.CodeIllegalMove:
 		return failf(exitState, "%w; see 'sbxfs list' for its state", err)
 	case manager.CodeInvalid:
@@ -352,7 +352,16 @@ func managedSandboxAt(arg string) (root, id string) {
 		return "", ""
 	}
 	work, err := findSandbox(mounts, arg)
-	if err != nil || filepath.Base(work) != "work" {
+	if err != nil {
+		return "", ""
+	}
+	return managedWork(work)
+}
+
+// managedWork returns the state root and id of the managed sandbox whose
+// work directory is work (StateRoot/sandboxes/<id>/work), if it is one.
+func managedWork(work string) (root, id string) {
+	if filepath.Base(work) != "work" {
 		return "", ""
 	}
 	dir := filepath.Dir(work)

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -15,14 +17,16 @@ import (
 
 func daemonCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "daemon",
-		Usage: "serve the managed sandboxes of the state root",
+		Name:            "daemon",
+		Usage:           "serve the managed sandboxes of the state root",
+		UsageText:       "sbxfs daemon [--foreground]\nsbxfs daemon stop [--json]\nsbxfs daemon status [--json]",
+		HideHelpCommand: true,
 		Description: `Runs the manager of the state root: it mounts every active sandbox, answers
 the managed commands (create, list, commit --plan, rollback --plan,
-destroy, gc, run) on STATE/daemon.sock, and serves until SIGINT or
-SIGTERM. Then it unmounts the sandboxes, which stay active: the next daemon
-mounts them again. The managed commands start it when it is not running,
-so it rarely needs starting by hand.
+destroy, gc, run, unmount) on STATE/daemon.sock, and serves until SIGINT,
+SIGTERM or 'sbxfs daemon stop'. Then it unmounts the sandboxes, which stay
+active: the next daemon mounts them again. The managed commands start it
+when it is not running, so it rarely needs starting by hand.
 
 One daemon per state root: a second one exits 4 (busy). In the background
 (the default) it logs to STATE/daemon.log and the command returns once it
@@ -30,9 +34,152 @@ answers.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process, logging to stderr"},
 		},
+		Subcommands: []*cli.Command{
+			{
+				Name:  "stop",
+				Usage: "stop the daemon of the state root (its sandboxes stay active)",
+				Description: `Asks the daemon of the state root to stop, as SIGTERM does: it unmounts every
+sandbox (they stay active, with their changes; the next daemon mounts them
+again) and exits. Waits until it has exited. Exit 0 also when no daemon
+runs (it says so).`,
+				Flags:        []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print {state_root, running, stopped, pid} as JSON"}},
+				OnUsageError: onUsageError,
+				Action:       runDaemonStop,
+			},
+			{
+				Name:  "status",
+				Usage: "say whether a daemon serves the state root",
+				Description: `Says whether a daemon serves the state root, and if so its pid and how many
+sandboxes it knows, is keeping active and has mounted. Never starts one.
+Exit 0 whether or not one runs (--json: "running").`,
+				Flags:        []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print {state_root, running, pid, sandboxes, active, mounted} as JSON"}},
+				OnUsageError: onUsageError,
+				Action:       runDaemonStatus,
+			},
+		},
 		OnUsageError: onUsageError,
 		Action:       runDaemon,
 	}
+}
+
+// daemonStopTimeout bounds the wait for a stopping daemon to exit (it
+// unmounts every sandbox first, waiting up to 10 s for each busy one).
+const daemonStopTimeout = 60 * time.Second
+
+// daemonJSON is the --json output of 'daemon stop' and 'daemon status'.
+type daemonJSON struct {
+	StateRoot string `json:"state_root"`
+	Running   bool   `json:"running"`
+	Stopped   *bool  `json:"stopped,omitempty"` // stop only
+	Pid       int    `json:"pid,omitempty"`
+	Sandboxes *int   `json:"sandboxes,omitempty"` // status only, when running
+	Active    *int   `json:"active,omitempty"`
+	Mounted   *int   `json:"mounted,omitempty"`
+}
+
+func runDaemonStop(c *cli.Context) error {
+	if err := checkArgs(c, c.Args().Slice(), 0, "no arguments"); err != nil {
+		return err
+	}
+	root, err := managedRoot(c)
+	if err != nil {
+		return err
+	}
+	out := daemonJSON{StateRoot: root}
+	stopped := false
+	out.Stopped = &stopped
+	d, err := manager.DialDaemon(root)
+	if err != nil {
+		if c.Bool("json") {
+			return printJSON(c.App.Writer, out)
+		}
+		fmt.Fprintf(c.App.Writer, "no daemon serves %s\n", root)
+		return nil
+	}
+	pid := d.Pid
+	err = d.Stop()
+	d.Close()
+	if err != nil {
+		return daemonFailure(err, root, exitInternal)
+	}
+	if !waitProcessExit(pid, daemonStopTimeout) {
+		return failf(exitInternal, "the daemon (pid %d) has not exited %s after it was asked to stop; see %s", pid, daemonStopTimeout, daemonLog(root))
+	}
+	stopped = true
+	out.Pid = pid
+	if c.Bool("json") {
+		return printJSON(c.App.Writer, out)
+	}
+	fmt.Fprintf(c.App.Writer, "daemon of %s stopped (pid %d)\n", root, pid)
+	return nil
+}
+
+func runDaemonStatus(c *cli.Context) error {
+	if err := checkArgs(c, c.Args().Slice(), 0, "no arguments"); err != nil {
+		return err
+	}
+	root, err := managedRoot(c)
+	if err != nil {
+		return err
+	}
+	out := daemonJSON{StateRoot: root}
+	d, err := manager.DialDaemon(root)
+	if err != nil {
+		if c.Bool("json") {
+			return printJSON(c.App.Writer, out)
+		}
+		fmt.Fprintf(c.App.Writer, "no daemon serves %s\n", root)
+		return nil
+	}
+	defer d.Close()
+	sbs, err := d.List("")
+	if err != nil {
+		return daemonFailure(err, root, exitInternal)
+	}
+	total, active, mounted := len(sbs), 0, 0
+	for _, sb := range sbs {
+		if sb.State == manager.Active {
+			active++
+		}
+		if sb.Mounted {
+			mounted++
+		}
+	}
+	out.Running, out.Pid, out.Sandboxes, out.Active, out.Mounted = true, d.Pid, &total, &active, &mounted
+	if c.Bool("json") {
+		return printJSON(c.App.Writer, out)
+	}
+	fmt.Fprintf(c.App.Writer, "daemon of %s: pid %d, %d sandboxes (%d active, %d mounted), log %s\n",
+		root, d.Pid, total, active, mounted, daemonLog(root))
+	return nil
+}
+
+// waitProcessExit waits up to timeout for process pid to exit (a zombie
+// nobody reaps counts as exited).
+func waitProcessExit(pid int, timeout time.Duration) bool {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		if !processAlive(pid) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// processAlive reports whether pid is a running process (not a zombie).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return false
+	}
+	return s[i+2] != 'Z' && s[i+2] != 'X'
 }
 
 func runDaemon(c *cli.Context) error {
@@ -74,7 +221,7 @@ func serveDaemon(root string, c *cli.Context) error {
 	defer signal.Stop(sigs)
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	m, err := manager.New(manager.Options{StateRoot: root, Mount: true, Logger: logger})
+	m, err := manager.New(manager.Options{StateRoot: root, Mount: true, Logger: logger, Fault: faultFromEnv(logger)})
 	switch {
 	case errors.Is(err, manager.ErrLocked):
 		return failf(exitBusy, "%v; a daemon already serves this state root: use it, or stop that process first", err)
@@ -90,12 +237,38 @@ func serveDaemon(root string, c *cli.Context) error {
 	}
 	logger.Info("daemon serving", "state_root", m.StateRoot(), "socket", srv.Path(), "pid", os.Getpid())
 	ready.ok()
-	s := <-sigs
-	logger.Info("daemon stopping", "signal", s.String())
+	select {
+	case s := <-sigs:
+		logger.Info("daemon stopping", "signal", s.String())
+	case <-srv.StopRequested():
+		logger.Info("daemon stopping", "requested", "sbxfs daemon stop")
+	}
 	_ = srv.Close()
 	if err := m.Close(); err != nil {
 		return fmt.Errorf("close the manager: %w", err)
 	}
 	logger.Info("daemon stopped")
 	return nil
+}
+
+// faultEnv names a fault point of the plan commit protocol
+// (manager.CommitOptions.Fault: prepared-all, plan-recorded, applied-<k>,
+// nested-committed-<level>, nested-ended-<level>, plan-committed,
+// finished) at which the daemon kills itself with SIGKILL. For the crash
+// tests only (cmd/sbxfs/crash_test.go); never set it otherwise.
+const faultEnv = "SBXFS_FAULT"
+
+func faultFromEnv(logger *slog.Logger) func(string) {
+	want := os.Getenv(faultEnv)
+	if want == "" {
+		return nil
+	}
+	logger.Warn("test fault injection is on: the daemon kills itself at a plan commit point", "env", faultEnv, "point", want)
+	return func(point string) {
+		if point == want {
+			logger.Warn("fault point reached: SIGKILL", "point", point)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
 }

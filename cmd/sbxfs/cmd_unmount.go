@@ -8,6 +8,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/manager"
 )
 
 // serverExitTimeout bounds the wait for the server after an unmount.
@@ -23,7 +25,13 @@ func unmountCommand() *cli.Command {
 waits (up to 10 s) until the server has exited and flushed the journal.
 The sandbox directory keeps the changes: 'sbxfs mount --upper DIR' shows
 them again. A mount with open files is busy: close them, or use --lazy to
-detach it now (the server exits when the last file is closed).`,
+detach it now (the server exits when the last file is closed).
+
+The mount of a managed sandbox ('sbxfs create') is unmounted by its
+daemon, which knows it then: the sandbox stays active with its changes
+('sbxfs list' shows it unmounted; commit, rollback and destroy still work)
+and the next daemon start mounts it again. A sandbox with another managed
+sandbox mounted on its mount is busy: unmount that one first.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "lazy", Usage: "detach now even if files are open (umount -l)"},
 		},
@@ -53,6 +61,15 @@ func runUnmount(c *cli.Context) error {
 		return failf(exitNotSbxfs, "%s is not an sbxfs mount (it is %s from %s); use umount(8) for it", mnt, e.FSType, e.Source)
 	}
 	lazy := c.Bool("lazy")
+	if root, id := managedWork(e.Source); id != "" {
+		// Served by the daemon: it unmounts and knows. Without a daemon the
+		// mount is stale (or served by another process): unmounted below,
+		// and the next daemon mounts the sandbox again.
+		if d, err := manager.DialDaemon(root); err == nil {
+			defer d.Close()
+			return unmountManaged(d, root, id, mnt, lazy)
+		}
+	}
 	if err := unmount(mnt, lazy); err != nil {
 		return err
 	}
@@ -96,4 +113,13 @@ func unmount(mnt string, lazy bool) error {
 		return failf(exitInternal, "%v; run as root or as the user who mounted it", err)
 	}
 	return failf(exitInternal, "%v; retry, or use --lazy", err)
+}
+
+// unmountManaged asks the daemon of root to unmount its sandbox id.
+func unmountManaged(d *manager.Daemon, root, id, mnt string, lazy bool) error {
+	err := d.Unmount(id, lazy)
+	if err != nil && manager.ErrorCode(err) == manager.CodeBusy {
+		return failf(exitBusy, "%v; if files are open under %s, close them and retry, or use --lazy", err, mnt)
+	}
+	return daemonFailure(err, root, exitInternal)
 }

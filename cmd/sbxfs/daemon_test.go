@@ -121,8 +121,29 @@ func (e *managedEnv) stopDaemon() {
 	for _, m := range es {
 		if within(m.Mountpoint, e.root) {
 			e.t.Errorf("%s is still mounted after the daemon stopped", m.Mountpoint)
+			abortFuse(e.t, m.Mountpoint)
 			out, err := exec.Command("umount", "-l", m.Mountpoint).CombinedOutput()
 			e.t.Logf("cleanup: umount -l %s: %v %s", m.Mountpoint, err, out)
+		}
+	}
+}
+
+// abortFuse aborts the FUSE connection of the mount at mnt (its server
+// hung, or died in the middle of a request to one of its own mounts), so
+// that nothing waits on it any more.
+func abortFuse(t *testing.T, mnt string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 || unescapeMountinfo(f[4]) != mnt {
+			continue
+		}
+		if _, minor, ok := strings.Cut(f[2], ":"); ok {
+			err := os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0o200)
+			t.Logf("cleanup: abort the FUSE connection %s of %s: %v", minor, mnt, err)
 		}
 	}
 }

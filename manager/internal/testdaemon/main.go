@@ -11,6 +11,9 @@
 //	commit [keep] [slow] [wait=DURATION]   CommitPlan("p"); slow prints INSIDE
 //	                                       at "plan-recorded" and sleeps 500ms
 //	rollback [keep]                        RollbackPlan("p")
+//	create ORIGINAL                        another mounted sandbox in plan "p" (ORIGINAL
+//	                                       may be a sandbox's mountpoint: nested);
+//	                                       answers "CREATED <id> <mountpoint>"
 //	quit                                   Close and exit (so does EOF)
 //
 //	testdaemon STATEROOT ORIGINAL
@@ -65,6 +68,16 @@ func run() error {
 			res, err = m.CommitPlan(ctx, "p", commitOptions(f[1:]))
 		case "rollback":
 			res, err = m.RollbackPlan(ctx, "p", has(f[1:], "keep"))
+		case "create":
+			if len(f) != 2 {
+				err = fmt.Errorf("usage: create ORIGINAL")
+				break
+			}
+			var sb manager.Sandbox
+			if sb, err = m.Create(ctx, manager.CreateOptions{Plan: "p", Original: f[1]}); err == nil {
+				fmt.Printf("CREATED %s %s\n", sb.ID, sb.Mountpoint)
+				continue
+			}
 		case "quit":
 			return m.Close()
 		default:
