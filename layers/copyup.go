@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -93,7 +94,14 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 		removeTemp(tmp)
 		return err
 	}
-	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, l.UpperPath(rel), unix.RENAME_NOREPLACE)
+	moveIn := func() error {
+		return unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, l.UpperPath(rel), unix.RENAME_NOREPLACE)
+	}
+	dirs := []ownDir{{path: parent}}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		dirs = append(dirs, ownDir{path: tmp, after: l.UpperPath(rel)}) // its ".." changes
+	}
+	err := l.asOwner(moveIn, dirs...)
 	if err != nil {
 		removeTemp(tmp)
 		if errors.Is(err, unix.EEXIST) {
@@ -229,4 +237,53 @@ func readlink(path string) (string, error) {
 		return "", err
 	}
 	return string(buf[:n]), nil
+}
+
+// ownDir is an upper directory asOwner may open up: path now, after once
+// the operation moved it ("" when it stays).
+type ownDir struct{ path, after string }
+
+// asOwner runs op; when it fails with EACCES and the server is not root,
+// it runs op again with the owner's write and search bits added to dirs
+// (upper directories the server made, whose modes are the original's),
+// then puts their modes back. An unprivileged server can then copy a
+// writable file up out of a directory its owner may not write (0555),
+// as root can; the caller's own permission was checked by the kernel
+// against the mode the mount shows.
+func (l *Layers) asOwner(op func() error, dirs ...ownDir) error {
+	err := op()
+	if !errors.Is(err, unix.EACCES) || l.root {
+		return err
+	}
+	l.permMu.Lock()
+	defer l.permMu.Unlock()
+	euid := uint32(os.Geteuid())
+	type saved struct {
+		d    ownDir
+		mode uint32
+	}
+	var opened []saved
+	for _, d := range dirs {
+		var st unix.Stat_t
+		if unix.Lstat(d.path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != euid || st.Mode&0o300 == 0o300 {
+			continue
+		}
+		if unix.Chmod(d.path, st.Mode&0o7777|0o300) == nil {
+			opened = append(opened, saved{d, st.Mode & 0o7777})
+		}
+	}
+	if len(opened) == 0 {
+		return err
+	}
+	err = op()
+	for _, o := range opened {
+		p := o.d.path
+		if err == nil && o.d.after != "" {
+			p = o.d.after
+		}
+		if cerr := unix.Chmod(p, o.mode); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
+	return err
 }

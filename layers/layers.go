@@ -77,7 +77,8 @@ type Layers struct {
 	work   string
 	lowers []string
 	ns     xattrNames
-	root   bool // running as root: chown new objects to the caller
+	root   bool       // running as root: chown new objects to the caller
+	permMu sync.Mutex // asOwner: one directory mode change at a time
 
 	upperDev  uint64
 	lowerDevs []uint64

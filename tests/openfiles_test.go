@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -60,4 +61,30 @@ func TestRootInodeAndReadahead(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "1024", strings.TrimSpace(string(b)))
 	}
+}
+
+// An unprivileged server copies a writable file up out of an original
+// directory its owner cannot write (0555): as on ext4, the file can be
+// written; the directory stays 0555 and creating in it is still refused.
+func TestUnprivilegedCopyUpInReadOnlyDir(t *testing.T) {
+	orig := newOrig(t, map[string]string{"ro/f": "data", "ro/sub/g": "g"})
+	sb := mountSandbox(t, orig, asNobody())
+	for _, d := range []string{"ro/sub", "ro"} {
+		require.NoError(t, os.Chmod(filepath.Join(orig, d), 0o555))
+	}
+	t.Cleanup(func() { _ = os.Chmod(filepath.Join(orig, "ro"), 0o755) })
+	script := `set -e
+cd "$1"
+echo more >> ro/f
+echo more >> ro/sub/g
+chmod 0600 ro/f
+if touch ro/new 2>/dev/null; then echo "created in a 0555 directory"; exit 1; fi
+stat -c %a ro ro/sub
+`
+	out, err := nobodyCmd(t, "sh", "-c", script, "sh", sb.mnt).CombinedOutput()
+	require.NoError(t, err, "as nobody: %s", out)
+	assert.Equal(t, "555\n555\n", string(out))
+	assert.Equal(t, "datamore\n", mustRead(t, sb.upperPath("ro/f")))
+	assert.Equal(t, "gmore\n", mustRead(t, sb.upperPath("ro/sub/g")))
+	assert.Equal(t, uint32(0o555), lstat(t, sb.upperPath("ro")).Mode&0o7777, "the upper copy keeps the mode")
 }
