@@ -117,7 +117,10 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	return h.n.fs.toErrno("release", unix.Close(fd))
 }
 
-func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// Flush has nothing to do (writes reach the upper file as they come, and
+// locks are the kernel's): ENOSYS tells the kernel not to send FLUSH again,
+// which saves a round trip on every close(2).
+func (h *handle) Flush(ctx context.Context) syscall.Errno { return syscall.ENOSYS }
 
 func (h *handle) fsync(flags uint32) syscall.Errno {
 	var err error
