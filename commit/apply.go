@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // Apply changes the original, step by step. On an error the original is
@@ -136,7 +139,22 @@ func (x *Txn) undo(s *step) error {
 		if there, _, _ := x.orig.exists(s.Path); there {
 			return fmt.Errorf("cannot put the backup back: %w", unix.EEXIST)
 		}
-		return move(x.txn, s.Slot, x.orig, s.Path)
+		// The restored object's signature (its ctime moves with the
+		// rename), taken through a descriptor: the retry's conflict check
+		// compares against it, whatever happens to the path meanwhile.
+		fd, err := x.txn.openObj(s.Slot)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := move(x.txn, s.Slot, x.orig, s.Path); err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil {
+			x.restored = append(x.restored, restoredObj{path: s.Path, moved: strings.HasPrefix(s.Slot, "m/"), sig: layers.SignatureOf(&st)})
+		}
+		return nil
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package commit
 import (
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -93,7 +94,54 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 			out = append(out, Conflict{Path: c.Path, Reason: describe(base, &st)})
 		}
 	}
+	return append(out, unaccounted(orig, cs, r)...)
+}
+
+// unaccounted checks the original directories a commit takes away whole
+// (deleted, or replaced by a new directory): every entry they hold must
+// be one the sandbox deleted or moved away, else the commit would drop
+// it with the directory. An entry that is not was made in the original
+// after the sandbox emptied the directory, or the original changed while
+// the change set was read.
+func unaccounted(orig *tree, cs layers.ChangeSet, r renames) []Conflict {
+	keys := map[string]bool{}
+	for _, c := range cs.Changes {
+		keys[conflictKey(r, c)] = true
+		if c.Kind == layers.Renamed {
+			keys[c.From] = true
+		}
+	}
+	var out []Conflict
+	for _, c := range cs.Changes {
+		if c.Type != "dir" || (c.Kind != layers.Deleted && c.Kind != layers.Created) {
+			continue
+		}
+		p := conflictKey(r, c)
+		if movedAway(cs, p) {
+			continue // the original's directory there moves elsewhere, whole
+		}
+		names, err := orig.names(p)
+		if err != nil {
+			continue // not a directory there (any more): nothing is dropped
+		}
+		for _, n := range names {
+			if !keys[path.Join(p, n)] {
+				out = append(out, Conflict{Path: path.Join(c.Path, n),
+					Reason: "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"})
+			}
+		}
+	}
 	return out
+}
+
+// movedAway reports whether the original directory p is renamed by cs.
+func movedAway(cs layers.ChangeSet, p string) bool {
+	for _, c := range cs.Changes {
+		if c.Kind == layers.Renamed && c.From == p {
+			return true
+		}
+	}
+	return false
 }
 
 // conflictKey is the original path a change is checked against.

@@ -54,12 +54,22 @@ func (x *Txn) rebase() error {
 		}
 	}
 	r := newRenames(cs)
+	restored := map[string]layers.Signature{}
+	for _, o := range x.restored {
+		if o.moved {
+			restored[o.path] = o.sig
+		} else {
+			restored[r.original(o.path)] = o.sig
+		}
+	}
 	for _, c := range cs.Changes {
 		p := conflictKey(r, c)
 		if _, ok := seen[p]; !ok {
 			continue
 		}
-		if there, st, err := x.orig.exists(p); err == nil && there {
+		if sig, ok := restored[p]; ok {
+			over[p] = sig
+		} else if there, st, err := x.orig.exists(p); err == nil && there {
 			over[p] = layers.SignatureOf(&st)
 		}
 	}

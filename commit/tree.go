@@ -3,6 +3,7 @@ package commit
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path"
 
 	"golang.org/x/sys/unix"
@@ -140,4 +141,21 @@ func (t *tree) syncfs() error {
 	}
 	defer unix.Close(fd)
 	return unix.Syncfs(fd)
+}
+
+// names lists the directory rel (never following a symlink).
+func (t *tree) names(rel string) ([]string, error) {
+	var fd int
+	var err error
+	if rel == "" {
+		fd, err = unix.Openat(t.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	} else {
+		fd, err = fsutil.OpenBeneath(t.fd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), path.Join(t.root, rel))
+	defer f.Close()
+	return f.Readdirnames(-1)
 }

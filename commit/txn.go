@@ -41,6 +41,16 @@ type Txn struct {
 	txn     *tree
 	changes []layers.Change
 	lock    int // flock on work/commit.lock, -1 when not held
+	// restored are the backups an undo put back, with their signatures.
+	restored []restoredObj
+}
+
+// restoredObj is an original object an undo moved back to path (moved: a
+// renamed directory moved aside first, at its original path).
+type restoredObj struct {
+	path  string
+	moved bool
+	sig   layers.Signature
 }
 
 // lockSandbox takes the sandbox's commit lock: one commit, rollback or
