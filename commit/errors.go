@@ -126,13 +126,14 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames) []Conflict {
 		}
 		for _, n := range names {
 			if !keys[path.Join(p, n)] {
-				out = append(out, Conflict{Path: path.Join(c.Path, n),
-					Reason: "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"})
+				out = append(out, Conflict{Path: path.Join(c.Path, n), Reason: unaccountedReason})
 			}
 		}
 	}
 	return out
 }
+
+const unaccountedReason = "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"
 
 // movedAway reports whether the original directory p is renamed by cs.
 func movedAway(cs layers.ChangeSet, p string) bool {

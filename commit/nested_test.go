@@ -168,3 +168,50 @@ func TestCommitLinksAcrossFilesystems(t *testing.T) {
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
+
+// A directory the sandbox emptied and removed (or replaced by a new one)
+// gained a file in the original since: the commit would drop that file
+// with the directory, so it is a conflict naming it, and nothing is
+// applied.
+func TestCommitRefusesToDropAFileMadeInTheOriginal(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		s := newSandbox(t, map[string]string{"d/a": "a", "keep": "k"})
+		s.remove("d/a")
+		s.remove("d")
+		if replace {
+			s.mkdir("d")
+		}
+		s.done()
+		require.NoError(t, os.WriteFile(filepath.Join(s.orig, "d", "made-since"), []byte("m"), 0o644))
+		old := snapshot(t, s.orig)
+		err := commitAll(t, s.cfg, Options{})
+		var ce *Error
+		require.ErrorAs(t, err, &ce, "replace=%v", replace)
+		assert.Contains(t, ce.Conflicts, Conflict{Path: "d/made-since", Reason: unaccountedReason})
+		assert.Equal(t, old, snapshot(t, s.orig))
+	}
+}
+
+// A change set read while the original was changing can take an original
+// directory the sandbox only added to for a new one (its signature
+// unchanged): the directory's untouched entries are conflicts, not
+// dropped.
+func TestConflictsListEntriesADirectoryReplacementWouldDrop(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/sub/g001": "g", "d/sub/g002": "g"})
+	s.write("d/sub/n000", "n")
+	s.done()
+	recs, err := layers.ReadJournal(journalPath(s.cfg))
+	require.NoError(t, err)
+	orig, err := openTree(s.orig)
+	require.NoError(t, err)
+	defer orig.close()
+	torn := layers.ChangeSet{Changes: []layers.Change{
+		{Path: "d/sub", Kind: layers.Created, Type: "dir"},
+		{Path: "d/sub/n000", Kind: layers.Created, Type: "file"},
+	}}
+	got := conflicts(orig, torn, bases(s.cfg, recs))
+	assert.ElementsMatch(t, []Conflict{
+		{Path: "d/sub/g001", Reason: unaccountedReason},
+		{Path: "d/sub/g002", Reason: unaccountedReason},
+	}, got)
+}
