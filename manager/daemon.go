@@ -32,6 +32,7 @@ import (
 //	{"op":"destroy","id":ID|"plan":P}                               -> done, failed
 //	{"op":"gc"}                                                     -> done, failed
 //	{"op":"unmount","id":ID,"lazy":L}                               -> (the sandbox stays active)
+//	{"op":"mount","id":ID}                                          -> sandbox (mounted again)
 //	{"op":"ping"}                                                   -> pid
 //	{"op":"stop"}                                                   -> pid; then the daemon stops
 //
@@ -141,7 +142,8 @@ func ErrorCode(err error) string {
 		return CodeNotFound
 	case errors.Is(err, commit.ErrConflict), errors.Is(err, ErrOverlap):
 		return CodeConflict
-	case errors.Is(err, commit.ErrBusy), errors.As(err, &be), errors.Is(err, ErrLocked), errors.Is(err, unix.EBUSY), errors.Is(err, ErrNested):
+	case errors.Is(err, commit.ErrBusy), errors.As(err, &be), errors.Is(err, ErrLocked), errors.Is(err, unix.EBUSY),
+		errors.Is(err, ErrNested), errors.Is(err, ErrMounted), errors.Is(err, ErrParentUnmounted):
 		return CodeBusy
 	case errors.Is(err, ErrIllegalMove), errors.Is(err, ErrNotActive):
 		return CodeIllegalMove
@@ -293,6 +295,14 @@ func (s *DaemonServer) handle(req daemonRequest) (resp daemonResponse) {
 			err = fmt.Errorf("%w: unmount needs a sandbox id", ErrInvalid)
 		} else {
 			err = s.m.Unmount(s.ctx, req.ID, req.Lazy)
+		}
+	case "mount":
+		var sb Sandbox
+		if req.ID == "" {
+			err = fmt.Errorf("%w: mount needs a sandbox id", ErrInvalid)
+		} else if sb, err = s.m.Mount(s.ctx, req.ID); err == nil {
+			info := Info(sb)
+			resp.Sandbox = &info
 		}
 	case "create":
 		var sb Sandbox

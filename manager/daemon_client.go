@@ -101,6 +101,31 @@ func KnownSandbox(stateRoot, id string) bool {
 	return err == nil
 }
 
+// SandboxAtMountpoint returns the id of the sandbox of stateRoot whose
+// recorded mountpoint is mnt (clean, absolute, symlinks resolved), read
+// from the records on disk without asking the daemon: the active one
+// (there is at most one), else the one created last (whose state then
+// says why it cannot be used). ok is false when none has it.
+func SandboxAtMountpoint(stateRoot, mnt string) (id string, ok bool) {
+	s, err := scanSandboxes(filepath.Join(stateRoot, "sandboxes"))
+	if err != nil {
+		return "", false
+	}
+	var best *record
+	for _, r := range sortRecords(s.records) {
+		if r.Mountpoint != mnt {
+			continue
+		}
+		if best == nil || best.State != Active {
+			best = r // List order: a later one replaces an earlier one, unless that is active
+		}
+	}
+	if best == nil {
+		return "", false
+	}
+	return best.ID, true
+}
+
 // ValidID reports whether s has the form of a sandbox id (16 lowercase
 // hex digits).
 func ValidID(s string) bool { return validID(s) }
@@ -141,6 +166,13 @@ func (d *Daemon) Ping() (int, error) {
 func (d *Daemon) Unmount(id string, lazy bool) error {
 	_, err := d.call(daemonRequest{Op: "unmount", ID: id, Lazy: lazy})
 	return err
+}
+
+// Mount mounts sandbox id again at its recorded mountpoint and returns
+// it (see Manager.Mount).
+func (d *Daemon) Mount(id string) (Sandbox, error) {
+	resp, err := d.call(daemonRequest{Op: "mount", ID: id})
+	return resp.sandbox(err)
 }
 
 // Stop asks the daemon to stop as on SIGTERM: it answers, then unmounts

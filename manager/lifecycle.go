@@ -227,12 +227,12 @@ func (m *Manager) childrenFirst(rs []record) []record {
 // Unmount takes sandbox id's mount down and waits for its server to
 // finish (the journal flushed). The sandbox stays active with its changes
 // (Get says Mounted false): it can still be committed, rolled back or
-// destroyed, and the next manager with Options.Mount (the next daemon)
-// mounts it again. A busy mount fails (unix.EBUSY) unless lazy, which
-// detaches it at once and does not wait for the files open under it. A
-// sandbox with a mounted sandbox nested in it is refused (ErrNested):
-// unmount that one first. Unmounting a sandbox that is not mounted does
-// nothing.
+// destroyed; Mount mounts it again, and so does the next manager with
+// Options.Mount (the next daemon). A busy mount fails (unix.EBUSY) unless
+// lazy, which detaches it at once and does not wait for the files open
+// under it. A sandbox with a mounted sandbox nested in it is refused
+// (ErrNested): unmount that one first. Unmounting a sandbox that is not
+// mounted does nothing.
 func (m *Manager) Unmount(ctx context.Context, id string, lazy bool) error {
 	r, ok := m.get(id)
 	if !ok {
@@ -284,6 +284,131 @@ func (m *Manager) Unmount(ctx context.Context, id string, lazy bool) error {
 		return fmt.Errorf("%s is unmounted but its server has not finished after %s", r.Mountpoint, unmountWait)
 	}
 	m.log.Info("sandbox unmounted; it stays active", "sandbox", id)
+	return nil
+}
+
+// Mount mounts the active sandbox id again at its recorded mountpoint,
+// served in this process (Options.Mount; a manager without it refuses,
+// ErrInvalid), and returns it (Mounted true): the undo of Unmount, without
+// waiting for the next manager. The state does not change (it stays
+// active); the registry records the mount.
+//
+// Refused: an unknown id (ErrNotFound); a sandbox that is not active
+// (ErrNotActive); one mounted already, here or by another process
+// (ErrMounted); a nested sandbox whose parent is not mounted
+// (ErrParentUnmounted: mount the parent first, parents before children
+// as New does); something else mounted at its mountpoint (unix.EBUSY); a
+// mountpoint that is not an empty directory (ErrInvalid; the manager's own
+// mountpoint under StateRoot/mnt is made again when it went away). A
+// sandbox holding an interrupted commit has its plan settled first, as a
+// commit would.
+func (m *Manager) Mount(ctx context.Context, id string) (Sandbox, error) {
+	r, ok := m.get(id)
+	if !ok {
+		return Sandbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	done, err := m.enterPlan(ctx, r.Plan)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer done()
+	check := func() error {
+		var ok bool
+		if r, ok = m.get(id); !ok {
+			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		if r.State != Active {
+			return fmt.Errorf("%w: sandbox %s is %s", ErrNotActive, id, r.State)
+		}
+		return nil
+	}
+	if err := check(); err != nil {
+		return Sandbox{}, err
+	}
+	if !m.opt.Mount {
+		return Sandbox{}, fmt.Errorf("%w: this manager keeps its sandboxes unmounted (Options.Mount is false)", ErrInvalid)
+	}
+	if m.mountOf(id) != nil {
+		if !m.inMountTable(&r) {
+			// Unmounted lazily: its server lives on for the files still open
+			// under the detached mount. A second server must not share the
+			// upper.
+			return Sandbox{}, fmt.Errorf("%w: sandbox %s was detached lazily and still serves the files open under it; close them, then mount it again", ErrMounted, id)
+		}
+		return Sandbox{}, fmt.Errorf("%w: sandbox %s at %s; nothing to do", ErrMounted, id, r.Mountpoint)
+	}
+	for _, o := range m.snapshot("") {
+		if o.State == Active && nestedIn(&r, &o) && m.mountOf(o.ID) == nil {
+			return Sandbox{}, fmt.Errorf("%w: sandbox %s is nested in sandbox %s (its original %s is that sandbox's mount); mount sandbox %s first",
+				ErrParentUnmounted, id, o.ID, r.Original, o.ID)
+		}
+	}
+	if hasUndoLog(m.work(id)) {
+		if err := m.settlePlan(r.Plan); err != nil {
+			return Sandbox{}, fmt.Errorf("sandbox %s holds an interrupted commit that could not be settled: %w", id, err)
+		}
+		if err := check(); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if err := m.clearMounts(&r); err != nil {
+		return Sandbox{}, err
+	}
+	if r.OwnMount {
+		if err := mkdirPrivate(r.Mountpoint); err != nil && !errors.Is(err, os.ErrExist) {
+			return Sandbox{}, fmt.Errorf("sandbox %s: make its mountpoint again: %w", id, err)
+		}
+	}
+	if err := checkMountpoint(r.Mountpoint); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := m.mountSandbox(&r); err != nil {
+		return Sandbox{}, fmt.Errorf("mount sandbox %s at %s: %w", id, r.Mountpoint, err)
+	}
+	m.log.Info("sandbox mounted again", "sandbox", id, "mountpoint", r.Mountpoint)
+	return m.view(&r), nil
+}
+
+// inMountTable reports whether r's mount is at its mountpoint (true when
+// the mount table cannot be read).
+func (m *Manager) inMountTable(r *record) bool {
+	mounts, err := readMounts()
+	if err != nil {
+		return true
+	}
+	for _, e := range mounts {
+		if e.Mountpoint == r.Mountpoint && e.Source == m.work(r.ID) {
+			return true
+		}
+	}
+	return false
+}
+
+// clearMounts detaches the stale mounts of r (a server that died leaves
+// its mount behind) and refuses (ErrMounted) when a live process serves
+// r anywhere: two servers must never share an upper. Something else
+// mounted at r's mountpoint is refused too (unix.EBUSY: busy, as a
+// mountpoint already mounted is for every mount).
+func (m *Manager) clearMounts(r *record) error {
+	mounts, err := readMounts()
+	if err != nil {
+		return err
+	}
+	for _, e := range mounts {
+		if e.Source != m.work(r.ID) {
+			if e.Mountpoint == r.Mountpoint {
+				return fmt.Errorf("sandbox %s: its mountpoint %s is already a mount point (%s from %s); unmount that first: %w", r.ID, r.Mountpoint, e.FSType, e.Source, unix.EBUSY)
+			}
+			continue
+		}
+		if !isStale(e.Mountpoint) {
+			return fmt.Errorf("%w: sandbox %s is mounted at %s by another process; unmount it there first", ErrMounted, r.ID, e.Mountpoint)
+		}
+		if err := lazyDetach(e.Mountpoint); err != nil {
+			return fmt.Errorf("sandbox %s: detach its stale mount: %w", r.ID, err)
+		}
+		m.log.Info("detached a stale mount of the sandbox", "sandbox", r.ID, "mountpoint", e.Mountpoint)
+	}
 	return nil
 }
 

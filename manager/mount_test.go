@@ -33,6 +33,9 @@ type daemonAnswer struct {
 	Result struct {
 		Committed []string `json:"committed"`
 		Done      []string `json:"done"`
+		ID        string   `json:"id"`      // mount: the sandbox
+		State     State    `json:"state"`   // mount
+		Mounted   bool     `json:"mounted"` // mount
 	} `json:"result"`
 	Err string `json:"err"`
 }

@@ -24,6 +24,14 @@ var (
 	// take its original away. Commit, roll back or destroy the plan, or
 	// the nested sandbox first. Its code on the daemon socket is busy.
 	ErrNested = errors.New("a sandbox nested in it is active")
+	// ErrMounted says Mount found the sandbox mounted already (by this
+	// manager, or by another process). Its code on the daemon socket is
+	// busy.
+	ErrMounted = errors.New("the sandbox is already mounted")
+	// ErrParentUnmounted says Mount was asked for a nested sandbox whose
+	// parent (the sandbox whose mount holds its original) is not mounted:
+	// mount the parent first. Its code on the daemon socket is busy.
+	ErrParentUnmounted = errors.New("the sandbox it is nested in is not mounted")
 )
 
 // Failure is one sandbox that an operation could not handle, and why.

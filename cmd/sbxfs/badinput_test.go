@@ -56,6 +56,11 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"mount with an upper that is a file", []string{"mount", "--upper", file, orig, mnt}, exitBadPath, "not a directory"},
 		{"mount with an empty original", []string{"mount", "", mnt}, exitUsage, "argument 1 of mount is empty"},
 		{"mount with an empty mountpoint", []string{"mount", orig, ""}, exitUsage, "argument 2 of mount is empty"},
+		{"mount of an unknown id", []string{"mount", unknownID}, exitNotSbxfs, "no sandbox " + unknownID},
+		{"mount of one plain directory", []string{"mount", plain}, exitUsage, "not the mountpoint of a managed sandbox"},
+		{"mount of one missing path", []string{"mount", missing}, exitBadPath, "does not exist"},
+		{"mount of an empty id", []string{"mount", ""}, exitUsage, "argument 1 of mount is empty"},
+		{"mount of an id with --upper", []string{"mount", "--upper", plain, unknownID}, exitUsage, "--upper is for a standalone mount"},
 		// unmount
 		{"unmount without arguments", []string{"unmount"}, exitUsage, "MOUNTPOINT"},
 		{"unmount with two arguments", []string{"unmount", mnt, plain}, exitUsage, "MOUNTPOINT"},

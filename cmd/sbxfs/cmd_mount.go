@@ -2,21 +2,24 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/sbxfs/sbxfs/fuse"
 	"github.com/sbxfs/sbxfs/layers"
+	"github.com/sbxfs/sbxfs/manager"
 )
 
 func mountCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "mount",
-		Usage:     "show ORIGINAL at MOUNTPOINT, keeping every change in a private upper layer",
-		ArgsUsage: "ORIGINAL MOUNTPOINT",
+		Usage:     "show ORIGINAL at MOUNTPOINT, keeping every change in a private upper layer (or mount a managed sandbox again)",
+		ArgsUsage: "ORIGINAL MOUNTPOINT | ID|MOUNTPOINT",
 		Description: `Mounts a sandbox of the directory ORIGINAL at the empty directory MOUNTPOINT.
 Reads come from ORIGINAL; every change lands in the sandbox directory DIR
 (DIR/upper, with DIR/work for the journal and the server log) and ORIGINAL
@@ -26,23 +29,39 @@ remounts the same changes.
 
 The command returns once the mount is live; the mount is served by a
 background process logging to DIR/work/server.log. Options go before
-ORIGINAL and MOUNTPOINT. Undo it with 'sbxfs unmount MOUNTPOINT'.`,
+ORIGINAL and MOUNTPOINT. Undo it with 'sbxfs unmount MOUNTPOINT'.
+
+With one argument, the ID of a managed sandbox ('sbxfs create') or its
+mountpoint, its daemon mounts that sandbox again at its recorded
+mountpoint, with its changes: the undo of 'sbxfs unmount' without
+restarting the daemon. The sandbox must be active (else exit 10) and not
+mounted (else exit 4, "already mounted"); a sandbox nested in another
+one mounts once that one is mounted (else exit 4: mount the parent
+first). It prints ID<TAB>MOUNTPOINT, or the sandbox record with --json
+(as 'sbxfs create --json'). --upper, --foreground, --allow-other,
+--debug and --no-passthrough are for the standalone form only.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "upper", Usage: "sandbox directory `DIR` holding upper/ and work/ (created, or reused when it exists)"},
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process until unmounted or interrupted"},
 			&cli.BoolFlag{Name: "allow-other", Usage: "let other users use the mount (permission checks apply; needs user_allow_other in /etc/fuse.conf for non-root)"},
 			&cli.BoolFlag{Name: "debug", Usage: "log every FUSE request"},
 			&cli.BoolFlag{Name: "no-passthrough", Usage: "do not use FUSE passthrough for upper files"},
-			&cli.BoolFlag{Name: "json", Usage: "once the mount is live, print {mountpoint, original, sandbox, upper, work} as JSON"},
+			&cli.BoolFlag{Name: "json", Usage: "once the mount is live, print {mountpoint, original, sandbox, upper, work} as JSON (managed: the sandbox record)"},
 		},
 		OnUsageError: onUsageError,
 		Action:       runMount,
 	}
 }
 
+// mountUsage is what mount takes, for its usage errors.
+const mountUsage = "ORIGINAL MOUNTPOINT, or the ID or MOUNTPOINT of a managed sandbox"
+
 func runMount(c *cli.Context) error {
 	args := c.Args().Slice()
-	if err := checkArgs(c, args, 2, "ORIGINAL MOUNTPOINT"); err != nil {
+	if len(args) == 1 {
+		return runMountManaged(c, args[0])
+	}
+	if err := checkArgs(c, args, 2, mountUsage); err != nil {
 		return err
 	}
 	mounts, err := readMountinfo()
@@ -106,6 +125,101 @@ func runMount(c *cli.Context) error {
 		_ = os.RemoveAll(dir) // a mount that never went live leaves no sandbox behind
 	}
 	return err
+}
+
+// standaloneMountFlags are the mount flags of the two-argument form only.
+var standaloneMountFlags = []string{"upper", "foreground", "allow-other", "debug", "no-passthrough"}
+
+// runMountManaged is 'sbxfs mount ID|MOUNTPOINT': the daemon of the
+// sandbox's state root mounts that active, unmounted sandbox again at its
+// recorded mountpoint.
+func runMountManaged(c *cli.Context, arg string) error {
+	if err := checkArgs(c, []string{arg}, 1, mountUsage); err != nil {
+		return err
+	}
+	for _, f := range standaloneMountFlags {
+		if c.IsSet(f) {
+			return failf(exitUsage, "--%s is for a standalone mount (ORIGINAL MOUNTPOINT); a managed sandbox mounts again as it was created", f)
+		}
+	}
+	root, id, err := managedMountTarget(c, arg)
+	if err != nil {
+		return err
+	}
+	d, err := manager.DialDaemon(root)
+	started := err != nil
+	if started {
+		if d, err = connectDaemon(root, c.App.ErrWriter); err != nil {
+			return err
+		}
+	}
+	defer d.Close()
+	sb, err := d.Mount(id)
+	if err != nil && started && manager.ErrorCode(err) == manager.CodeBusy {
+		// A daemon that starts mounts every active sandbox itself: the
+		// sandbox asked for is mounted, as asked.
+		if got, gerr := d.Get(id); gerr == nil && got.State == manager.Active && got.Mounted {
+			sb, err = got, nil
+		}
+	}
+	switch code := manager.ErrorCode(err); {
+	case err == nil:
+	case code == manager.CodeBusy:
+		// Already mounted, or nested in a sandbox that is not: the message
+		// says which, and what to do.
+		return failf(exitBusy, "%w", err)
+	case code == manager.CodeInvalid:
+		return failf(exitBadPath, "%w; a managed sandbox mounts at its recorded mountpoint only, an empty directory (see 'sbxfs list')", err)
+	default:
+		return daemonFailure(err, root, exitMountFailed)
+	}
+	if c.Bool("json") {
+		return printJSON(c.App.Writer, manager.Info(sb))
+	}
+	fmt.Fprintf(c.App.Writer, "%s\t%s\n", sb.ID, sb.Mountpoint)
+	return nil
+}
+
+// managedMountTarget finds the managed sandbox the one argument of mount
+// names, without asking a daemon: a sandbox ID of the state root (that is
+// not also a path), or a recorded mountpoint (mounted or not; the
+// manager's own STATE/mnt/<id> also of another state root). It returns
+// the sandbox's state root and id.
+func managedMountTarget(c *cli.Context, arg string) (root, id string, err error) {
+	if root, err = managedRoot(c); err != nil {
+		return "", "", err
+	}
+	if _, lerr := os.Lstat(arg); manager.ValidID(arg) && errors.Is(lerr, os.ErrNotExist) {
+		if !manager.KnownSandbox(root, arg) {
+			return "", "", failf(exitNotSbxfs, "no sandbox %s in %s, and no such path; see 'sbxfs list'", arg, root)
+		}
+		return root, arg, nil
+	}
+	mnt, err := resolvePath(arg)
+	if err != nil {
+		return "", "", failf(exitBadPath, "%q: %v; give a sandbox ID or a mountpoint", arg, err)
+	}
+	// Mounted: the mount's source names its sandbox and state root.
+	if mounts, err := readMountinfo(); err == nil {
+		if e := mountAt(mounts, mnt); e != nil && e.isSbxfs() {
+			if r, id := managedWork(e.Source); id != "" {
+				return r, id, nil
+			}
+		}
+	}
+	roots := []string{root}
+	if filepath.Base(filepath.Dir(mnt)) == "mnt" {
+		roots = append(roots, filepath.Dir(filepath.Dir(mnt))) // STATE/mnt/<id>
+	}
+	for _, r := range roots {
+		if id, ok := manager.SandboxAtMountpoint(r, mnt); ok {
+			return r, id, nil
+		}
+	}
+	if _, serr := os.Stat(mnt); errors.Is(serr, os.ErrNotExist) {
+		return "", "", failf(exitBadPath, "%s does not exist, and no managed sandbox of %s has it as its mountpoint; give %s (see 'sbxfs list')", mnt, root, mountUsage)
+	}
+	return "", "", failf(exitUsage, "%s is not the mountpoint of a managed sandbox of %s; 'sbxfs mount' takes %s (see 'sbxfs help mount')", mnt, root, mountUsage)
 }
 
 // mountResult is what `mount --json` prints once the mount is live.

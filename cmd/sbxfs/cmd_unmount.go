@@ -29,9 +29,10 @@ detach it now (the server exits when the last file is closed).
 
 The mount of a managed sandbox ('sbxfs create') is unmounted by its
 daemon, which knows it then: the sandbox stays active with its changes
-('sbxfs list' shows it unmounted; commit, rollback and destroy still work)
-and the next daemon start mounts it again. A sandbox with another managed
-sandbox mounted on its mount is busy: unmount that one first.`,
+('sbxfs list' shows it unmounted; commit, rollback and destroy still work);
+'sbxfs mount ID' mounts it again, and so does the next daemon start. A
+sandbox with another managed sandbox mounted on its mount is busy: unmount
+that one first.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "lazy", Usage: "detach now even if files are open (umount -l)"},
 		},

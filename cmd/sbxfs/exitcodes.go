@@ -18,7 +18,9 @@ import (
 //	      missing, not a directory or not empty, directories nested in one
 //	      another, an upper made for another original
 //	4     busy: mountpoint already mounted, sandbox already mounted or
-//	      served, unmount refused because files are open
+//	      served (also 'sbxfs mount ID' of a mounted managed sandbox, or
+//	      of one nested in a sandbox that is not mounted), unmount
+//	      refused because files are open
 //	5     mount failed: the kernel or fusermount3 refused the mount, or the
 //	      server did not come up
 //	6     not an sbxfs mount or sandbox directory

@@ -5,6 +5,7 @@
 // Usage:
 //
 //	sbxfs [--state-dir DIR] mount [--upper DIR] [--foreground] [--allow-other] [--debug] [--no-passthrough] ORIGINAL MOUNTPOINT
+//	sbxfs [--state-dir DIR] mount [--json] ID|MOUNTPOINT    (a managed sandbox, mounted again by its daemon)
 //	sbxfs unmount [--lazy] MOUNTPOINT
 //	sbxfs status [--json] MOUNTPOINT|DIR
 //	mount -t fuse.sbxfs sbxfs MOUNTPOINT -o lowerdir=A[:B...],upperdir=U,workdir=W

@@ -14,6 +14,9 @@
 //	create ORIGINAL                        another mounted sandbox in plan "p" (ORIGINAL
 //	                                       may be a sandbox's mountpoint: nested);
 //	                                       answers "CREATED <id> <mountpoint>"
+//	unmount ID [lazy]                      Unmount(ID); the result is null
+//	mount ID                               Mount(ID); the result is the sandbox
+//	                                       (manager.Info)
 //	quit                                   Close and exit (so does EOF)
 //
 //	testdaemon STATEROOT ORIGINAL
@@ -77,6 +80,21 @@ func run() error {
 			if sb, err = m.Create(ctx, manager.CreateOptions{Plan: "p", Original: f[1]}); err == nil {
 				fmt.Printf("CREATED %s %s\n", sb.ID, sb.Mountpoint)
 				continue
+			}
+		case "unmount":
+			if len(f) < 2 {
+				err = fmt.Errorf("usage: unmount ID [lazy]")
+				break
+			}
+			err = m.Unmount(ctx, f[1], has(f[2:], "lazy"))
+		case "mount":
+			if len(f) != 2 {
+				err = fmt.Errorf("usage: mount ID")
+				break
+			}
+			var sb manager.Sandbox
+			if sb, err = m.Mount(ctx, f[1]); err == nil {
+				res = manager.Info(sb)
 			}
 		case "quit":
 			return m.Close()
