@@ -94,17 +94,22 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 			out = append(out, Conflict{Path: c.Path, Reason: describe(base, &st)})
 		}
 	}
-	return append(out, unaccounted(orig, cs, r)...)
+	return append(out, unaccounted(orig, cs, r, bases)...)
 }
 
 // unaccounted checks the original directories a commit takes away whole
 // (deleted, or replaced by a new directory): every entry they hold must
 // be one the sandbox deleted or moved away, else the commit would drop
-// it with the directory. An entry that is not was made in the original
-// after the sandbox emptied the directory, or the original changed while
-// the change set was read.
-func unaccounted(orig *tree, cs layers.ChangeSet, r renames) []Conflict {
+// it with the directory. The sandbox removed an entry if the change set
+// says so or if the sandbox changed it at all (its base signature is in the
+// journal: whatever it became, the change set has it). An entry that is
+// neither was made in the original after the sandbox emptied the
+// directory, or the original changed while the change set was read.
+func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]layers.Signature) []Conflict {
 	keys := map[string]bool{}
+	for p := range bases {
+		keys[p] = true
+	}
 	for _, c := range cs.Changes {
 		keys[conflictKey(r, c)] = true
 		if c.Kind == layers.Renamed {

@@ -210,7 +210,10 @@ func TestDifferential(t *testing.T) {
 
 // diffCommitSeeds are histories that once broke the commit (kept as
 // regression runs; -diff.commit or -seed runs one more, random or given).
-var diffCommitSeeds = []int64{1, 2, 3, 4, 7, 10, 17, 107, 159, 169, 87300363, 367227571}
+var diffCommitSeeds = []struct{ seed, ops int64 }{
+	{1, 1000}, {2, 1000}, {3, 1000}, {4, 1000}, {7, 1000}, {10, 1000}, {17, 1000}, {107, 1000},
+	{159, 1000}, {169, 1000}, {306, 2000}, {87300363, 1000}, {367227571, 1000},
+}
 
 // TestDifferentialCommit runs random operations through the mount, commits
 // the sandbox with the CLI, and compares the original with the plain
@@ -220,20 +223,20 @@ func TestDifferentialCommit(t *testing.T) {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
 	}
 	if *flagDiffCommit || *flagSeed != 0 {
-		diffCommit(t, diffSeed(t))
+		diffCommit(t, diffSeed(t), *flagDiffOps/3)
 		return
 	}
-	for _, seed := range diffCommitSeeds {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialCommit$' -seed %d -diff.ops %d)", seed, seed, *flagDiffOps)
-			diffCommit(t, seed)
+	for _, c := range diffCommitSeeds {
+		t.Run(fmt.Sprint(c.seed), func(t *testing.T) {
+			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialCommit$' -seed %d -diff.ops %d)", c.seed, c.seed, 3*c.ops)
+			diffCommit(t, c.seed, int(c.ops))
 		})
 	}
 }
 
-func diffCommit(t *testing.T, seed int64) {
+func diffCommit(t *testing.T, seed int64, ops int) {
 	r := newDiffRunGuard(t, seed, false)
-	r.run(*flagDiffOps / 3)
+	r.run(ops)
 	r.compareTrees("before commit")
 	r.closeFds()
 	if *flagDiffSnapshot != "" {
