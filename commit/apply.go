@@ -38,7 +38,7 @@ func (x *Txn) Apply() (err error) {
 func (x *Txn) apply(s *step) error {
 	switch s.Kind {
 	case opDetach:
-		ok, _, err := x.orig.exists(s.Path)
+		ok, _, err := x.orig.inTree(s.Path)
 		if err != nil || !ok {
 			return err
 		}

@@ -78,7 +78,7 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 	for _, c := range cs.Changes {
 		p := conflictKey(r, c)
 		base, seen := bases[p]
-		there, st, err := orig.exists(p)
+		there, st, err := orig.inTree(p)
 		switch {
 		case err != nil:
 			out = append(out, Conflict{Path: c.Path, Reason: err.Error()})

@@ -67,16 +67,26 @@ func (t *tree) lstat(rel string) (unix.Stat_t, error) {
 	return st, err
 }
 
-// exists reports whether rel names something. ENOENT and ENOTDIR say no,
-// and so does ELOOP: a symlink on the way, which is never followed, means
-// nothing of the original's own tree is at rel (a directory the sandbox
-// replaced by a symlink has no children left to delete).
+// exists reports whether rel names something (ENOENT and ENOTDIR say no).
+// A symlink on the way is an error (ELOOP): an undo must not take a path
+// it cannot reach for one that is not there.
 func (t *tree) exists(rel string) (bool, unix.Stat_t, error) {
 	st, err := t.lstat(rel)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 		return false, st, nil
 	}
 	return err == nil, st, err
+}
+
+// inTree is exists for what the original's own tree holds: a symlink on
+// the way, never followed, means nothing is at rel (a directory the
+// sandbox replaced by a symlink has no children left to delete).
+func (t *tree) inTree(rel string) (bool, unix.Stat_t, error) {
+	ok, st, err := t.exists(rel)
+	if errors.Is(err, unix.ELOOP) {
+		return false, st, nil
+	}
+	return ok, st, err
 }
 
 // move renames from (in tree a) to to (in tree b), never replacing an
