@@ -236,6 +236,15 @@ func snapshotOf(t *testing.T, root string, times bool) map[string]string {
 	return out
 }
 
+// commitMatchesRef closes the stack, commits, and checks the original now
+// is the reference copy that got the same changes.
+func (s *sandbox) commitMatchesRef() {
+	s.t.Helper()
+	s.done()
+	require.NoError(s.t, commitAll(s.t, s.cfg, Options{}))
+	assert.Equal(s.t, snapshot(s.t, s.ref), snapshot(s.t, s.orig))
+}
+
 // commitAll commits and, as the CLI does, drops the upper afterwards.
 func commitAll(t *testing.T, cfg layers.Config, opt Options) error {
 	x, err := Prepare(cfg, opt)

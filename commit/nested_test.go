@@ -21,9 +21,7 @@ func TestCommitNestedDirectoryRenames(t *testing.T) {
 	s.rename("h", "g/y/n1")
 	s.rename("g/y/j", "g/y/n1/f30")
 	s.write("g/y/n1/f30/new", "n")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // Extended attributes set in the sandbox on a new directory and on an
@@ -52,9 +50,7 @@ func TestCommitExchangeFileAndDir(t *testing.T) {
 	o := s.lookup("e")
 	require.NoError(t, s.l.Rename("", s.lookup(""), "e", &o, "", s.lookup(""), "f00", unix.RENAME_EXCHANGE, s.c))
 	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "e"), unix.AT_FDCWD, filepath.Join(s.ref, "f00"), unix.RENAME_EXCHANGE))
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // An original file hard-linked in the sandbox, written through the new
@@ -67,9 +63,7 @@ func TestCommitFileWrittenThroughItsOtherName(t *testing.T) {
 	s.write("g/y/n1", "written through the link")
 	s.rename("g/y", "g/n1")
 	s.remove("g/n1/n1")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // An original directory moved away, a new directory made in its place,
@@ -81,9 +75,7 @@ func TestCommitNewDirInPlaceOfMovedDir(t *testing.T) {
 	s.mkdir("e")
 	s.rename("g/moved/f", "e/n0")
 	s.write("e/n0/new", "n")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // A file made elsewhere renamed over a file of a moved directory: it
@@ -93,9 +85,7 @@ func TestCommitFileRenamedOverOneOfAMovedDir(t *testing.T) {
 	s.rename("e", "g/n1")
 	s.write("g/tmp", "new")
 	s.rename("g/tmp", "g/n1/f49")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // A hard link made to an original file, then the directories holding
@@ -105,9 +95,7 @@ func TestCommitLinkSurvivesMovesOfBothDirs(t *testing.T) {
 	s.link("e/f", "b/c/n0")
 	s.rename("e", "h/y")
 	s.rename("b/c", "a/x")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // An original symlink exchanged with a new directory inside a moved
@@ -121,9 +109,7 @@ func TestCommitDirectoryInPlaceOfSymlink(t *testing.T) {
 	o := s.lookup("new/x/ln")
 	require.NoError(t, s.l.Rename("new/x", s.lookup("new/x"), "ln", &o, "new/x", s.lookup("new/x"), "d", unix.RENAME_EXCHANGE, s.c))
 	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "new/x/ln"), unix.AT_FDCWD, filepath.Join(s.ref, "new/x/d"), unix.RENAME_EXCHANGE))
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // A link made through a name that is gone since (the journal names the
@@ -137,9 +123,7 @@ func TestCommitLinkThroughAVanishedName(t *testing.T) {
 	s.remove("x")
 	s.chmod("a/f", 0o600)
 	s.link("g/y", "g/z")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // Hard links committed into an original on another filesystem than the
@@ -164,9 +148,7 @@ func TestCommitLinksAcrossFilesystems(t *testing.T) {
 	s.write("new", "new")
 	s.link("new", "d/new2")
 	s.link("d/old", "old2")
-	s.done()
-	require.NoError(t, commitAll(t, s.cfg, Options{}))
-	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	s.commitMatchesRef()
 }
 
 // A directory the sandbox emptied and removed (or replaced by a new one)
