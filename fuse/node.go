@@ -306,6 +306,11 @@ func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 	}
 	n.mu.Lock()
 	st, err := n.fs.layers.Setattr(rel, &n.obj, fd, toSetAttr(in), caller(ctx))
+	if err == nil {
+		// What an fstat answers once the object is removed while open:
+		// the kernel may keep these attributes without asking again.
+		n.last, n.lastOK = st, true
+	}
 	n.mu.Unlock()
 	if err != nil {
 		return n.fs.toErrno("setattr", err)

@@ -88,3 +88,22 @@ stat -c %a ro ro/sub
 	assert.Equal(t, "gmore\n", mustRead(t, sb.upperPath("ro/sub/g")))
 	assert.Equal(t, uint32(0o555), lstat(t, sb.upperPath("ro")).Mode&0o7777, "the upper copy keeps the mode")
 }
+
+// A FIFO open for reading, its mode changed through the descriptor, then
+// its name removed: fstat shows the new mode, as on ext4 (seed 456 of the
+// differential commit test showed the mode from before the fchmod).
+func TestFchmodThenUnlinkOpenFIFO(t *testing.T) {
+	orig := newOrig(t, map[string]string{"keep": "k"})
+	sb := mountSandbox(t, orig)
+	require.NoError(t, unix.Mkfifo(sb.path("p"), 0o644))
+	fd, err := unix.Open(sb.path("p"), unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Fchmod(fd, 0o444))
+	require.NoError(t, os.Rename(sb.path("p"), sb.path("q")))
+	require.NoError(t, os.Remove(sb.path("q")))
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	assert.Equal(t, uint32(unix.S_IFIFO|0o444), st.Mode)
+	assert.Equal(t, uint64(0), uint64(st.Nlink))
+}
