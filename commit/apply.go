@@ -26,7 +26,7 @@ func (x *Txn) Apply() (err error) {
 		if i == len(x.log.Steps)/2 {
 			x.fault("applying")
 		}
-		if err := x.apply(&x.log.Steps[i]); err != nil {
+		if err := x.apply(i); err != nil {
 			s := &x.log.Steps[i]
 			return &Error{Stage: StageApply, Paths: []string{s.Path}, Err: fmt.Errorf("step %d (%s %s): %w", i, s.Kind, s.Path, err)}
 		}
@@ -35,10 +35,14 @@ func (x *Txn) Apply() (err error) {
 	return nil
 }
 
-func (x *Txn) apply(s *step) error {
+func (x *Txn) apply(i int) error {
+	s := &x.log.Steps[i]
 	switch s.Kind {
 	case opDetach:
-		ok, _, err := x.orig.inTree(s.Path)
+		ok, _, err := x.orig.exists(s.Path)
+		if errors.Is(err, unix.ELOOP) && x.replacedAbove(i) {
+			return nil // beneath a directory this commit replaced by a symlink
+		}
 		if err != nil || !ok {
 			return err
 		}
@@ -59,6 +63,19 @@ func (x *Txn) apply(s *step) error {
 		return x.orig.setMeta(s.Path, s.New)
 	}
 	return fmt.Errorf("unknown step %q", s.Kind)
+}
+
+// replacedAbove reports whether an earlier step of this transaction
+// installed an object at an ancestor of step i's path: a symlink met on
+// the way there is the commit's own, not the original changing under it.
+func (x *Txn) replacedAbove(i int) bool {
+	p := x.log.Steps[i].Path
+	for _, s := range x.log.Steps[:i] {
+		if s.Kind == opInstall && p != s.Path && under(p, s.Path) {
+			return true
+		}
+	}
+	return false
 }
 
 // Undo puts the original back as it was before Apply, in reverse order,

@@ -126,6 +126,15 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 			continue // the original's directory there moves elsewhere, whole
 		}
 		names, err := orig.names(p)
+		if errors.Is(err, unix.ELOOP) {
+			// A symlink at p or on the way. One the sandbox replaces is
+			// expected; any other, where the change set saw a directory,
+			// means the original is changing under the commit.
+			if q := orig.firstSymlink(p); q == "" || !keys[q] {
+				out = append(out, Conflict{Path: c.Path, Reason: "the original changed while the commit read it (a symlink on the way)"})
+			}
+			continue
+		}
 		if err != nil {
 			continue // not a directory there (any more): nothing is dropped
 		}

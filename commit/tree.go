@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -168,4 +169,21 @@ func (t *tree) names(rel string) ([]string, error) {
 	f := os.NewFile(uintptr(fd), path.Join(t.root, rel))
 	defer f.Close()
 	return f.Readdirnames(-1)
+}
+
+// firstSymlink returns the first component of rel (rel itself included)
+// that is a symlink, or "".
+func (t *tree) firstSymlink(rel string) string {
+	for q, rest := "", rel; rest != ""; {
+		name, tail, _ := strings.Cut(rest, "/")
+		q, rest = path.Join(q, name), tail
+		st, err := t.lstat(q)
+		if err != nil {
+			return ""
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return q
+		}
+	}
+	return ""
 }
