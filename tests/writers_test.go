@@ -249,6 +249,7 @@ type rtwModel struct {
 	id   int
 	rng  *rand.Rand
 	ents map[string]*rtwObj
+	hist []string // the last operations, shown when a check fails
 }
 
 func (m *rtwModel) apply(o rtwOp) {
@@ -438,36 +439,52 @@ func (m *rtwModel) next() rtwOp {
 func (m *rtwModel) check(root string) error {
 	if m.rng.Intn(3) == 0 {
 		dir := m.location()
-		f, err := os.Open(filepath.Join(root, dir))
+		err := m.checkListing(root, dir)
 		if err != nil {
-			return err
-		}
-		names, err := f.Readdirnames(-1)
-		f.Close()
-		if err != nil {
-			return err
-		}
-		var got, want []string
-		_, own := m.ents[dir] // every name in its own directories is its
-		for _, n := range names {
-			if own || strings.HasPrefix(n, rtwName(m.id, "")) {
-				got = append(got, n)
+			// Say whether a second listing is right: a cache that
+			// went stale stays wrong, a race of the moment does not.
+			again := "right"
+			if err2 := m.checkListing(root, dir); err2 != nil {
+				again = err2.Error()
 			}
-		}
-		for p := range m.ents {
-			if filepath.Dir(p) == dir {
-				want = append(want, filepath.Base(p))
-			}
-		}
-		slices.Sort(got)
-		slices.Sort(want)
-		if !slices.Equal(got, want) {
-			return fmt.Errorf("listing of %s: my names %q, want %q", dir, got, want)
+			return fmt.Errorf("%w (listed again: %s)", err, again)
 		}
 		return nil
 	}
 	if p := m.pick(nil); p != "" {
 		return m.checkPath(root, p)
+	}
+	return nil
+}
+
+// checkListing lists dir and compares the writer's names in it with its
+// model.
+func (m *rtwModel) checkListing(root, dir string) error {
+	f, err := os.Open(filepath.Join(root, dir))
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	var got, want []string
+	_, own := m.ents[dir] // every name in its own directories is its
+	for _, n := range names {
+		if own || strings.HasPrefix(n, rtwName(m.id, "")) {
+			got = append(got, n)
+		}
+	}
+	for p := range m.ents {
+		if filepath.Dir(p) == dir {
+			want = append(want, filepath.Base(p))
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		return fmt.Errorf("listing of %s: my names %q, want %q", dir, got, want)
 	}
 	return nil
 }
@@ -535,6 +552,9 @@ func rtWriterMain(args []string) int {
 			return fmt.Errorf("writer %d, %s: %w", id, o, err)
 		}
 		m.apply(o)
+		if m.hist = append(m.hist, o.String()); len(m.hist) > 12 {
+			m.hist = m.hist[1:]
+		}
 		b, _ := json.Marshal(o)
 		log.Write(append(b, '\n'))
 		return nil
@@ -551,7 +571,8 @@ func rtWriterMain(args []string) int {
 	for i := 0; i < nops; {
 		if m.rng.Intn(5) == 0 {
 			if err := m.check(root); err != nil {
-				fmt.Fprintf(os.Stderr, "writer %d after %d operations: %v\n", id, i, err)
+				fmt.Fprintf(os.Stderr, "writer %d after %d operations: %v\nits last operations:\n  %s\n",
+					id, i, err, strings.Join(m.hist, "\n  "))
 				return 1
 			}
 			continue
