@@ -142,6 +142,7 @@ func (s *Server) Reset() error {
 	s.fs.root.mu.Lock()
 	s.fs.root.obj = root.Obj
 	s.fs.root.mu.Unlock()
+	s.fs.root.forgetListing()
 	s.refresh(s.fs.root, "", root.Obj)
 	s.invalidate = true
 	return nil
@@ -163,15 +164,17 @@ func (s *Server) refresh(n *node, rel string, obj layers.Obj) {
 			cn.obj = layers.Obj{}
 		}
 		cn.mu.Unlock()
+		cn.forgetListing()
 		if err == nil && e.IsDir() {
 			s.refresh(cn, crel, e.Obj)
 		}
 	}
 }
 
-// invalidate drops the kernel's cached entries below n and the pages of
-// the files it knows.
+// invalidate drops the kernel's cached entries below n, the pages of the
+// files it knows and the listings of the directories (n's too).
 func invalidate(n *node) {
+	_ = n.NotifyContent(0, 0)
 	for name, ch := range n.Children() {
 		if cn, ok := ch.Operations().(*node); ok && ch.IsDir() {
 			invalidate(cn)

@@ -7,6 +7,7 @@ package fuse
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log"
 	"log/slog"
@@ -73,7 +74,7 @@ func Mount(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough}
+	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough, cookieSeed: maphash.MakeSeed()}
 	root, err := fsys.newRoot()
 	if err != nil {
 		l.Close()
@@ -83,10 +84,10 @@ func Mount(cfg Config) (*Server, error) {
 	// The root reports the upper root's stable inode number like every
 	// other node (go-fuse would report 0).
 	opts.RootStableAttr = &fusefs.StableAttr{Ino: fsys.rootIno, Mode: unix.S_IFDIR}
-	srv, err := fusefs.Mount(cfg.Mountpoint, root, opts)
+	srv, err := fsys.mount(cfg.Mountpoint, root, opts)
 	if err != nil && opts.DirectMount {
 		opts.DirectMount = false // fall back to fusermount3
-		srv, err = fusefs.Mount(cfg.Mountpoint, root, opts)
+		srv, err = fsys.mount(cfg.Mountpoint, root, opts)
 	}
 	if err != nil {
 		l.Close()
@@ -95,6 +96,21 @@ func Mount(cfg Config) (*Server, error) {
 	fsys.startFlusher()
 	raiseReadahead(cfg.Mountpoint)
 	return &Server{srv: srv, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
+}
+
+// mount serves root at mnt (fusefs.Mount, with READDIR replies sized
+// for the directory handles: rawFS) and returns once the mount is live.
+func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, error) {
+	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies}
+	srv, err := gofuse.NewServer(raw, mnt, &opts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		return nil, err
+	}
+	return srv, nil
 }
 
 // readaheadKB is the readahead of a mount. The kernel starts a FUSE mount
@@ -125,6 +141,7 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 	if neg == 0 {
 		neg = DefaultTimeout
 	}
+	fs.attrTimeout = attr
 	// go-fuse's direct mount starts from MS_NOSUID|MS_NODEV and clears
 	// them only for an explicit "suid" or "dev"; fusermount3 takes either.
 	mo := []string{"default_permissions", "nosuid", "nodev"}

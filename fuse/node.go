@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"context"
+	"hash/maphash"
 	"log/slog"
 	"sync"
 	"syscall"
@@ -23,6 +24,9 @@ type filesystem struct {
 	rootIno     uint64
 	gate        gate
 	writers     writers
+	attrTimeout time.Duration
+	cookieSeed  maphash.Seed // for directory offsets (cookie)
+	replies     replies
 
 	stop chan struct{}
 	done chan struct{}
@@ -48,6 +52,8 @@ type node struct {
 	// fstat after it was removed while open.
 	last   unix.Stat_t
 	lastOK bool
+	// dir is a directory's listing state (node_dir.go).
+	dir dirState
 }
 
 // openFd returns the descriptor of an open handle of n, an upper one when

@@ -24,6 +24,7 @@ var _ = (fusefs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, errno
@@ -39,6 +40,7 @@ var _ = (fusefs.NodeMknoder)((*node)(nil))
 
 func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, errno
@@ -54,6 +56,7 @@ var _ = (fusefs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, errno
@@ -69,6 +72,7 @@ var _ = (fusefs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	t, ok := target.(*node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -104,6 +108,7 @@ var _ = (fusefs.NodeUnlinker)((*node)(nil))
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return errno
@@ -147,6 +152,7 @@ var _ = (fusefs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return errno
@@ -162,6 +168,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	if !ok {
 		return syscall.EXDEV
 	}
+	defer n.dirChanged()
+	defer np.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return errno
@@ -186,25 +194,4 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	}
 	err := n.fs.layers.Rename(rel, obj, name, srcp, nrel, nobj, newName, flags, caller(ctx))
 	return n.fs.toErrno("rename", err)
-}
-
-var _ = (fusefs.NodeReaddirer)((*node)(nil))
-
-func (n *node) Readdir(ctx context.Context) (fusefs.DirStream, syscall.Errno) {
-	rel, obj, errno := n.dirArgs()
-	if errno != 0 {
-		return nil, errno
-	}
-	ents, err := n.fs.layers.ReadDir(rel, obj)
-	if err != nil {
-		return nil, n.fs.toErrno("readdir", err)
-	}
-	list := make([]gofuse.DirEntry, 0, len(ents)+2)
-	list = append(list,
-		gofuse.DirEntry{Name: ".", Mode: unix.S_IFDIR, Ino: n.StableAttr().Ino},
-		gofuse.DirEntry{Name: "..", Mode: unix.S_IFDIR, Ino: 1})
-	for _, e := range ents {
-		list = append(list, gofuse.DirEntry{Name: e.Name, Mode: e.Type, Ino: e.Ino})
-	}
-	return fusefs.NewListDirStream(list), 0
 }

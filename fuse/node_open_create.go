@@ -39,6 +39,7 @@ var _ = (fusefs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, nil, 0, errno

@@ -1,0 +1,142 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// readNames reads directory entries from fd with getdents into a small
+// buffer, at most max names (all when max < 0), leaving out "." and "..".
+func readNames(t *testing.T, fd int, max int) []string {
+	t.Helper()
+	var names []string
+	buf := make([]byte, 512) // a few entries a call: many READDIRs
+	for max < 0 || len(names) < max {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			t.Fatalf("getdents: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		_, _, got := unix.ParseDirent(buf[:n], -1, nil)
+		names = append(names, got...)
+	}
+	return names
+}
+
+// TestReaddirOffsetsAcrossChanges checks what the kernel's listing cache
+// relies on: a directory offset means the same position in every handle,
+// before and after other names change. A reader that stops, has its
+// offset carried to a new handle (telldir/seekdir), and goes on after
+// names before and after it were removed and added, sees every unchanged
+// name exactly once; and a listing made after all that is exactly right.
+func TestReaddirOffsetsAcrossChanges(t *testing.T) {
+	files := map[string]string{}
+	for i := range 300 {
+		files[fmt.Sprintf("d/low%03d", i)] = "x"
+	}
+	sb := mountSandbox(t, newOrig(t, files))
+	dir := filepath.Join(sb.mnt, "d")
+	for i := range 300 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("up%03d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]bool{}
+	for i := range 300 {
+		want[fmt.Sprintf("low%03d", i)] = true
+		want[fmt.Sprintf("up%03d", i)] = true
+	}
+
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := readNames(t, fd, 200)
+	off, err := unix.Seek(fd, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+
+	// Change names on both sides of the reader's position: every third
+	// name goes (lower ones become whiteouts), new ones come.
+	gone := map[string]bool{}
+	all := make([]string, 0, len(want))
+	for n := range want {
+		all = append(all, n)
+	}
+	sort.Strings(all)
+	for i, n := range all {
+		if i%3 == 0 {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil {
+				t.Fatal(err)
+			}
+			gone[n] = true
+			delete(want, n)
+		}
+	}
+	for i := range 100 {
+		n := fmt.Sprintf("new%03d", i)
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want[n] = true
+	}
+
+	fd, err = unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Seek(fd, off, 0); err != nil {
+		t.Fatal(err)
+	}
+	rest := readNames(t, fd, -1)
+	seen := map[string]int{}
+	for _, n := range append(first, rest...) {
+		seen[n]++
+	}
+	for n := range want {
+		if seen[n] > 1 {
+			t.Errorf("%s listed %d times", n, seen[n])
+		}
+		if !strings.HasPrefix(n, "new") && seen[n] != 1 {
+			t.Errorf("unchanged name %s listed %d times, want once", n, seen[n])
+		}
+	}
+	for _, n := range rest {
+		if gone[n] {
+			t.Errorf("%s listed after it was removed", n)
+		}
+	}
+
+	// A new listing (served by the kernel's cache or by sbxfs) is exact.
+	for round := range 2 {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for _, e := range ents {
+			got[e.Name()] = true
+		}
+		for n := range want {
+			if !got[n] {
+				t.Errorf("listing %d: %s missing", round, n)
+			}
+		}
+		for n := range got {
+			if !want[n] {
+				t.Errorf("listing %d: %s should not be there", round, n)
+			}
+		}
+	}
+}
