@@ -61,6 +61,9 @@ type dirState struct {
 	gen   uint64   // bumped by every change of the names in the directory
 	list  *listing // the current listing, nil when stale or dropped
 	opens int      // open handles; the listing is dropped with the last
+	// served says a reply was made since the kernel last dropped its
+	// cache of the directory: only replies fill that cache.
+	served bool
 }
 
 // dirChanged records that a name in directory n was added, removed or
@@ -71,11 +74,19 @@ type dirState struct {
 // and mtime, checked at every open), but under many writers a listing
 // served from its cache right after a change still missed it now and then
 // (TestRealConcurrentWriters: 3 runs in 8 failed with only that, none of
-// 22 with the explicit drop). Dropping costs a write to /dev/fuse per
-// change, which the kernel handles without taking a directory lock.
+// 22 with the explicit drop). Dropping costs a write to /dev/fuse, which
+// the kernel handles without taking a directory lock; it is made only
+// when a reply was served since the last drop (rm -rf lists a directory
+// once, then removes every name: one drop, not one a name).
 func (n *node) dirChanged() {
+	n.dir.mu.Lock()
+	cached := n.dir.served
+	n.dir.served = false
+	n.dir.mu.Unlock()
 	n.forgetListing()
-	_ = n.NotifyContent(0, 0)
+	if cached {
+		_ = n.NotifyContent(0, 0)
+	}
 }
 
 // forgetListing makes the next reply list n anew.
@@ -93,6 +104,7 @@ func (n *node) forgetListing() {
 func (n *node) listing() (*listing, syscall.Errno) {
 	n.dir.mu.Lock()
 	l, gen := n.dir.list, n.dir.gen
+	n.dir.served = true
 	n.dir.mu.Unlock()
 	if l != nil && time.Since(l.made) < n.fs.attrTimeout {
 		return l, 0
