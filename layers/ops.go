@@ -148,11 +148,15 @@ func (l *Layers) newObject(rel string, op Op, path2 string, mode uint32, c Calle
 // settle gives a new upper object to the caller and the exact mode asked
 // for (the server's umask must not apply twice), and returns its attributes.
 func (l *Layers) settle(upath string, mode uint32, isDir bool, c Caller, st *unix.Stat_t) error {
+	// A setgid directory hands its group down, and to a new directory its
+	// setgid bit too. The object may have been made elsewhere and moved
+	// in (place), so that is done here from its final parent.
+	var pst unix.Stat_t
+	setgidParent := unix.Stat(filepath.Dir(upath), &pst) == nil && pst.Mode&unix.S_ISGID != 0
 	if l.root {
 		gid := int(c.Gid)
-		var pst unix.Stat_t
-		if unix.Stat(filepath.Dir(upath), &pst) == nil && pst.Mode&unix.S_ISGID != 0 {
-			gid = -1 // a setgid directory hands its group down
+		if setgidParent {
+			gid = int(pst.Gid)
 		}
 		if err := unix.Lchown(upath, int(c.Uid), gid); err != nil {
 			return err
@@ -165,8 +169,8 @@ func (l *Layers) settle(upath string, mode uint32, isDir bool, c Caller, st *uni
 		return nil
 	}
 	want := mode & 0o7777
-	if isDir {
-		want |= st.Mode & unix.S_ISGID
+	if isDir && (setgidParent || st.Mode&unix.S_ISGID != 0) {
+		want |= unix.S_ISGID
 	}
 	if st.Mode&0o7777 != want {
 		if err := unix.Chmod(upath, want); err != nil {

@@ -140,3 +140,37 @@ func TestReaddirOffsetsAcrossChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestSetgidDirInheritance: a directory made in a setgid directory gets
+// its group and its setgid bit, as on ext4, also when it replaces a
+// removed original directory (made elsewhere and moved into place).
+func TestSetgidDirInheritance(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the original a group")
+	}
+	orig := newOrig(t, map[string]string{"g/d/file": "x"})
+	if err := os.Chown(filepath.Join(orig, "g"), 0, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(filepath.Join(orig, "g"), 0o2775); err != nil {
+		t.Fatal(err)
+	}
+	sb := mountSandbox(t, orig)
+	g := filepath.Join(sb.mnt, "g")
+	if err := os.RemoveAll(filepath.Join(g, "d")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"d", "e"} {
+		p := filepath.Join(g, name)
+		if err := unix.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&unix.S_ISGID == 0 || st.Gid != 100 {
+			t.Errorf("%s: mode %o gid %d, want the setgid bit and gid 100", name, st.Mode&0o7777, st.Gid)
+		}
+	}
+}
