@@ -79,22 +79,20 @@ type dirState struct {
 // when a reply was served since the last drop (rm -rf lists a directory
 // once, then removes every name: one drop, not one a name).
 func (n *node) dirChanged() {
-	n.dir.mu.Lock()
-	cached := n.dir.served
-	n.dir.served = false
-	n.dir.mu.Unlock()
-	n.forgetListing()
-	if cached {
+	if n.forgetListing() {
 		_ = n.NotifyContent(0, 0)
 	}
 }
 
-// forgetListing makes the next reply list n anew.
-func (n *node) forgetListing() {
+// forgetListing makes the next reply list n anew. It reports whether a
+// reply was served since the last call (the kernel may hold a listing).
+func (n *node) forgetListing() (served bool) {
 	n.dir.mu.Lock()
+	defer n.dir.mu.Unlock()
+	served, n.dir.served = n.dir.served, false
 	n.dir.gen++
 	n.dir.list = nil
-	n.dir.mu.Unlock()
+	return served
 }
 
 // listing returns n's current listing, made anew when a name changed
