@@ -83,6 +83,11 @@ func serve(spec *mountSpec, stdout io.Writer) error {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
+	stopProfile, err := startProfile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	srv, err := fuse.Mount(spec.cfg)
 	if err != nil {
 		return mountFailure(err, &spec.cfg)
