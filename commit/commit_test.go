@@ -385,3 +385,32 @@ func TestSymlinkPlantedInOriginalIsNeverFollowed(t *testing.T) {
 	require.NoError(t, rerr)
 	assert.Empty(t, ents, "nothing is written outside the original")
 }
+
+// TestRemovalKeptWhenTheOriginalLostIt: a file the sandbox removed, and
+// that the original no longer shows when the change set is read (its
+// directory swapped for a symlink, or the file removed there too), stays
+// in the change set: the commit reports the conflict instead of dropping
+// the removal, and once the original is back the removal is committed.
+func TestRemovalKeptWhenTheOriginalLostIt(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/gone.txt": "g", "d/keep.txt": "k"})
+	s.remove("d/gone.txt")
+	s.done()
+	d, aside := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.aside")
+	require.NoError(t, os.Rename(d, aside))
+	require.NoError(t, os.Symlink(t.TempDir(), d))
+
+	cs, err := layers.Changes(s.cfg)
+	require.NoError(t, err)
+	require.Len(t, cs.Changes, 1)
+	assert.Equal(t, layers.Change{Path: "d/gone.txt", Kind: layers.Deleted, Type: "file"}, cs.Changes[0])
+	err = commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorIs(t, err, ErrConflict)
+
+	require.NoError(t, os.Remove(d))
+	require.NoError(t, os.Rename(aside, d))
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.NoFileExists(t, filepath.Join(d, "gone.txt"))
+	assert.FileExists(t, filepath.Join(d, "keep.txt"))
+}

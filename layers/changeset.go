@@ -69,13 +69,22 @@ type touched struct {
 	from    map[string]string
 	link    map[string]string
 	deleted map[string]bool
+	// seen holds the mode of the object the sandbox saw at an original
+	// path before it changed it (the journal's base records, the first
+	// one of a path). Keyed by original path, so renames never move it.
+	seen map[string]uint32
 }
 
 func replay(recs []Record) *touched {
-	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}}
+	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}, seen: map[string]uint32{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
+			if _, ok := t.seen[r.Path]; !ok {
+				if sig, err := ParseSignature(r.Path2); err == nil {
+					t.seen[r.Path] = sig.Mode
+				}
+			}
 		case OpRename:
 			if r.Flags&unix.RENAME_EXCHANGE != 0 {
 				t.exchange(r.Path, r.Path2)
@@ -326,6 +335,15 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c := Change{Path: p}
 	switch {
+	case !inOv && !inLo && cp == p && t.seen[p] != 0:
+		// Removed in the sandbox, which saw the original's object here
+		// (it recorded its base) that the original no longer shows: the
+		// original changed since, or is changing while this is read (a
+		// directory on the way swapped for a symlink). The removal stays
+		// in the change set, so the commit's conflict check compares the
+		// original with that base instead of dropping the removal.
+		c.Kind, c.Type = Deleted, TypeName(t.seen[p])
+		return c, true, nil
 	case !inOv && !inLo:
 		return c, false, nil
 	case !inOv:
