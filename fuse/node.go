@@ -234,6 +234,15 @@ func (fs *filesystem) stopFlusher() {
 var _ = (fusefs.NodeLookuper)((*node)(nil))
 
 func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	child, errno := n.lookup(ctx, name, out)
+	if errno == 0 {
+		n.noteLookup(out.Attr.Mode)
+	}
+	return child, errno
+}
+
+// lookup finds the child name of n and makes its node.
+func (n *node) lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	rel, ok := n.rel()
 	if !ok {
 		return nil, syscall.ENOENT
@@ -322,6 +331,10 @@ func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 		return n.fs.toErrno("setattr", err)
 	}
 	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
+	// The attributes are fresh: the kernel may keep them as long as those
+	// of a GETATTR (go-fuse leaves a SETATTR reply at 0, which made the
+	// next stat of the object a round trip).
+	out.SetTimeout(n.fs.attrTimeout)
 	return 0
 }
 

@@ -64,6 +64,10 @@ type dirState struct {
 	// served says a reply was made since the kernel last dropped its
 	// cache of the directory: only replies fill that cache.
 	served bool
+	// statted says the kernel looked up a child that is no directory:
+	// someone reads the attributes of the entries here (ls -l, du, tar,
+	// git status), not only walks the tree (find). See attrsWanted.
+	statted bool
 }
 
 // dirChanged records that a name in directory n was added, removed or
@@ -177,9 +181,13 @@ type dirHandle struct {
 	n   *node
 	mu  sync.Mutex
 	pos uint64
+	// lastMode is the type of the entry Readdirent handed out last, the
+	// one Lookup is asked about.
+	lastMode uint32
 }
 
 var (
+	_ = (fusefs.FileLookuper)((*dirHandle)(nil))
 	_ = (fusefs.FileReaddirenter)((*dirHandle)(nil))
 	_ = (fusefs.FileSeekdirer)((*dirHandle)(nil))
 	_ = (fusefs.FileFsyncdirer)((*dirHandle)(nil))
@@ -205,8 +213,67 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.E
 	if !d.n.fs.replies.take(ctx, e.Name) {
 		return nil, 0
 	}
-	d.pos = e.Off
+	d.pos, d.lastMode = e.Off, e.Mode
 	return &e, 0
+}
+
+// errNoAttrs leaves an entry of a READDIRPLUS reply without a node id:
+// the kernel then takes the name and type only, as from a READDIR, and
+// looks the entry up when someone needs it.
+const errNoAttrs = syscall.ENOENT
+
+// Lookup gives the attributes of one entry of a READDIRPLUS reply, or
+// none (errNoAttrs). The kernel asks for them with every first listing
+// of a directory, but reading them costs an inode read per entry, which
+// a walk that only needs names and types (find, a build's scan for
+// files) never pays on ext4: cold, that made such a walk several times
+// slower than the listing itself. So an entry gets its attributes only
+// when the kernel does not know it yet (a known entry has attributes the
+// kernel keeps for the attribute timeout), and
+//   - it is a directory: a walk enters it, and would look it up, reading
+//     the same inode, one round trip later; or
+//   - someone reads the attributes of entries in this directory or its
+//     parent (attrsWanted).
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	d.mu.Lock()
+	dir := d.lastMode&unix.S_IFMT == unix.S_IFDIR
+	d.mu.Unlock()
+	if d.n.GetChild(name) != nil || !dir && !d.n.attrsWanted() {
+		return nil, errNoAttrs
+	}
+	return d.n.lookup(ctx, name, out)
+}
+
+// attrsWanted reports whether a kernel LOOKUP of a child that is no
+// directory was seen in n or in its parent: the sign of a walk that
+// reads attributes (a tree walk alone looks up directories only, to
+// enter them).
+func (n *node) attrsWanted() bool {
+	if n.statted() {
+		return true
+	}
+	_, parent := n.Parent()
+	if parent == nil {
+		return false
+	}
+	pn, ok := parent.Operations().(*node)
+	return ok && pn.statted()
+}
+
+func (n *node) statted() bool {
+	n.dir.mu.Lock()
+	defer n.dir.mu.Unlock()
+	return n.dir.statted
+}
+
+// noteLookup records that the kernel looked up a child of n of type mode.
+func (n *node) noteLookup(mode uint32) {
+	if mode&unix.S_IFMT == unix.S_IFDIR {
+		return
+	}
+	n.dir.mu.Lock()
+	n.dir.statted = true
+	n.dir.mu.Unlock()
 }
 
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {

@@ -206,6 +206,7 @@ type mountOptions struct {
 	standIn       bool // use the stand-in even when the CLI builds
 	serverErrors  bool // the test provokes server errors: do not fail on them
 	mountedOnly   bool // start returns once the mount is in mountinfo
+	debug         bool // the server logs every FUSE request (sb.requests)
 }
 
 type mountOption func(*mountOptions)
@@ -236,6 +237,10 @@ func allowServerErrors() mountOption { return func(o *mountOptions) { o.serverEr
 // mountedOnly makes mountSandbox return as soon as the mount shows up in
 // mountinfo, before the server reports that it serves.
 func mountedOnly() mountOption { return func(o *mountOptions) { o.mountedOnly = true } }
+
+// withDebug makes the server log every FUSE request it receives, for
+// tests of what the kernel asks (sb.requests).
+func withDebug() mountOption { return func(o *mountOptions) { o.debug = true } }
 
 // sandbox is one sbxfs mount served by a child process.
 type sandbox struct {
@@ -342,6 +347,9 @@ func (sb *sandbox) args() (string, []string) {
 		}
 		if sb.opt.noPassthrough {
 			a = append(a, "--no-passthrough")
+		}
+		if sb.opt.debug {
+			a = append(a, "--debug")
 		}
 		return cliBin, append(a, sb.orig, sb.mnt)
 	}
