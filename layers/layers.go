@@ -22,6 +22,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // Config describes one overlay stack.
@@ -82,6 +84,10 @@ type Layers struct {
 
 	upperDev  uint64
 	lowerDevs []uint64
+	// ordered says the upper's filesystem writes a file's data before a
+	// later rename (fsutil.OrdersDataBeforeRename): a copy-up need not
+	// wait for its fsync.
+	ordered bool
 
 	devMu  sync.Mutex
 	devIdx map[uint64]uint64
@@ -175,6 +181,7 @@ func newLayers(cfg Config) (*Layers, error) {
 	}
 	l.devIdx[st.Dev] = 0 // the upper's device keeps raw inode numbers
 	l.upperDev = st.Dev
+	l.ordered = fsutil.OrdersDataBeforeRename(l.work)
 	for _, d := range l.lowers {
 		var ls unix.Stat_t
 		if err := unix.Stat(d, &ls); err != nil {

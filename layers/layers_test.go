@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/fsutil/fsutiltest"
 )
 
 // stack is a Layers over a real lower tree in a temp dir, driven through
@@ -314,4 +316,54 @@ func TestChangeSetRenameOntoDeletedName(t *testing.T) {
 	}
 	assert.Contains(t, got, "deleted a")
 	assert.Contains(t, got, "deleted b/y")
+}
+
+// TestCopyUpOnEveryUpper: a copy-up is whole (content, mode, xattrs,
+// times) whether the upper's filesystem orders data before a later
+// rename (journaled ext4: the copy is not fsynced, its writeback is
+// started) or not (no journal: the copy is fsynced).
+func TestCopyUpOnEveryUpper(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		mkfs    []string
+		ordered bool
+	}{
+		{"journaled ext4", []string{"-O", "has_journal"}, true},
+		{"ext4 without a journal", []string{"-O", "^has_journal"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lower := filepath.Join(t.TempDir(), "lower")
+			writeTree(t, lower, map[string]string{"d/f": strings.Repeat("old", 50000)})
+			require.NoError(t, os.Chmod(filepath.Join(lower, "d/f"), 0o640))
+			require.NoError(t, unix.Lsetxattr(filepath.Join(lower, "d/f"), "user.k", []byte("v"), 0))
+			disk := fsutiltest.MountExt4(t, "rw", tt.mkfs...)
+			upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
+			require.NoError(t, os.Mkdir(upper, 0o755))
+			require.NoError(t, os.Mkdir(work, 0o700))
+			l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
+			require.NoError(t, err)
+			t.Cleanup(func() { l.Close() })
+			assert.Equal(t, tt.ordered, l.ordered)
+			s := &stack{Layers: l, t: t, lower: lower, c: Caller{Pid: 1}}
+			e, err := s.lookup("d/f")
+			require.NoError(t, err)
+			require.NoError(t, s.CopyUp("d/f", &e.Obj))
+			got, err := os.ReadFile(s.UpperPath("d/f"))
+			require.NoError(t, err)
+			assert.Equal(t, strings.Repeat("old", 50000), string(got))
+			var st, ost unix.Stat_t
+			require.NoError(t, unix.Lstat(s.UpperPath("d/f"), &st))
+			require.NoError(t, unix.Lstat(filepath.Join(lower, "d/f"), &ost))
+			assert.Equal(t, uint32(0o640), st.Mode&0o7777)
+			assert.Equal(t, ost.Mtim, st.Mtim)
+			v, err := fsutil.LGetXattr(s.UpperPath("d/f"), "user.k")
+			require.NoError(t, err)
+			assert.Equal(t, "v", string(v))
+			ents, err := os.ReadDir(work)
+			require.NoError(t, err)
+			for _, e := range ents {
+				assert.NotContains(t, e.Name(), ".copyup-", "a copy-up left its temporary file")
+			}
+		})
+	}
 }
