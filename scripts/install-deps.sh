@@ -2,13 +2,14 @@
 # Installs what sbxfs and its tests need on Debian/Ubuntu, as root:
 # fuse3 (fusermount3, mount.fuse3), attr, git, fio, fuse-overlayfs, rsync,
 # sqlite3, vim-tiny (the editor tests), gnuplot-nox (the charts of
-# scripts/bench), and user_allow_other in
+# scripts/bench), e2fsprogs and mount (the tests on loop-mounted ext4
+# images), and user_allow_other in
 # /etc/fuse.conf (so non-root users may use --allow-other). Idempotent:
 # installs only what is missing, runs apt-get update only when it has to,
 # and says what it did.
 set -euo pipefail
 
-packages=(fuse3 attr git fio fuse-overlayfs rsync sqlite3 vim-tiny gnuplot-nox)
+packages=(fuse3 attr git fio fuse-overlayfs rsync sqlite3 vim-tiny gnuplot-nox e2fsprogs mount)
 fuse_conf=/etc/fuse.conf
 
 say() { printf 'install-deps: %s\n' "$*"; }
