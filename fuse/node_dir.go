@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -66,8 +67,9 @@ type dirState struct {
 	served bool
 	// statted says the kernel looked up a child that is no directory:
 	// someone reads the attributes of the entries here (ls -l, du, tar,
-	// git status), not only walks the tree (find). See attrsWanted.
-	statted bool
+	// git status), not only walks the tree (find). See attrsWanted. Set
+	// once, read without mu (a LOOKUP's hot path).
+	statted atomic.Bool
 }
 
 // dirChanged records that a name in directory n was added, removed or
@@ -260,20 +262,13 @@ func (n *node) attrsWanted() bool {
 	return ok && pn.statted()
 }
 
-func (n *node) statted() bool {
-	n.dir.mu.Lock()
-	defer n.dir.mu.Unlock()
-	return n.dir.statted
-}
+func (n *node) statted() bool { return n.dir.statted.Load() }
 
 // noteLookup records that the kernel looked up a child of n of type mode.
 func (n *node) noteLookup(mode uint32) {
-	if mode&unix.S_IFMT == unix.S_IFDIR {
-		return
+	if mode&unix.S_IFMT != unix.S_IFDIR && !n.dir.statted.Load() {
+		n.dir.statted.Store(true)
 	}
-	n.dir.mu.Lock()
-	n.dir.statted = true
-	n.dir.mu.Unlock()
 }
 
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
