@@ -166,6 +166,11 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 			MaxReadAhead:  readaheadKB << 10,
 			MaxWrite:      1 << 20,
 			MaxBackground: 64,
+			// POSIX ACLs count in the kernel's permission checks
+			// (default_permissions alone checks the mode bits only, so
+			// an entry denying a user was ignored), and setting one
+			// updates the mode, as on ext4.
+			EnableAcl: true,
 		},
 		// go-fuse would turn permission bits 0 into 0644 (0755 for
 		// directories); a mode 0 file must stay mode 0.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what sbxfs and its tests need on Debian/Ubuntu, as root:
-# fuse3 (fusermount3, mount.fuse3), attr, git, fio, fuse-overlayfs, rsync,
+# fuse3 (fusermount3, mount.fuse3), attr, acl, git, fio, fuse-overlayfs, rsync,
 # sqlite3, vim-tiny (the editor tests), gnuplot-nox (the charts of
 # scripts/bench), e2fsprogs and mount (the tests on loop-mounted ext4
 # images), and user_allow_other in
@@ -9,7 +9,7 @@
 # and says what it did.
 set -euo pipefail
 
-packages=(fuse3 attr git fio fuse-overlayfs rsync sqlite3 vim-tiny gnuplot-nox e2fsprogs mount)
+packages=(fuse3 attr acl git fio fuse-overlayfs rsync sqlite3 vim-tiny gnuplot-nox e2fsprogs mount)
 fuse_conf=/etc/fuse.conf
 
 say() { printf 'install-deps: %s\n' "$*"; }
