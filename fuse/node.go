@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"log/slog"
 	"sync"
@@ -171,12 +172,24 @@ func caller(ctx context.Context) layers.Caller {
 	return layers.Caller{}
 }
 
-// newChild returns the inode for a looked-up or created entry; go-fuse
-// returns the existing one when the stable inode number is already known
-// (a hard link, a second lookup).
-func (n *node) newChild(ctx context.Context, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
+// newChild returns the inode for the entry e found or made as name in n;
+// go-fuse uses the node it already has when the stable attributes are
+// known (a hard link, a second lookup).
+//
+// The names of an original file with several links get a node each (a
+// generation number of their own): a copy-up breaks the link, as in
+// kernel overlayfs without index=on, so what is written through one name
+// must not show through the others, in the kernel's page cache or its
+// attributes. They show the original's st_ino, a copied-up one too until
+// the kernel forgets its node (go-fuse answers with a node's stable
+// number); kernel overlayfs shows the copy's at once.
+func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
 	child := &node{fs: n.fs, obj: e.Obj}
-	ino := n.NewInode(ctx, child, fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino})
+	sa := fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino}
+	if !e.Upper && sa.Mode != unix.S_IFDIR && e.Stat.Nlink > 1 {
+		sa.Gen = n.linkGen(name)
+	}
+	ino := n.NewInode(ctx, child, sa)
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
 	if cn, ok := ino.Operations().(*node); ok {
 		cn.mu.Lock()
@@ -184,6 +197,19 @@ func (n *node) newChild(ctx context.Context, e *layers.Entry, out *gofuse.EntryO
 		cn.mu.Unlock()
 	}
 	return ino
+}
+
+// linkGen is the generation number of the node for name in n when name is
+// one of several links of an original file: the same for every lookup of
+// that name in that directory, different for another name, never 0.
+func (n *node) linkGen(name string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(n.fs.cookieSeed)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], n.StableAttr().Ino)
+	h.Write(b[:])
+	h.WriteString(name)
+	return h.Sum64() | 1
 }
 
 // fillAttr copies st into out with the node's stable inode number.
@@ -251,7 +277,7 @@ func (n *node) lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 	if err != nil {
 		return nil, n.fs.toErrno("lookup", err)
 	}
-	return n.newChild(ctx, &e, out), 0
+	return n.newChild(ctx, name, &e, out), 0
 }
 
 var _ = (fusefs.NodeGetattrer)((*node)(nil))

@@ -33,7 +33,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 	if err != nil {
 		return nil, n.fs.toErrno("mkdir", err)
 	}
-	return n.newChild(ctx, &e, out), 0
+	return n.newChild(ctx, name, &e, out), 0
 }
 
 var _ = (fusefs.NodeMknoder)((*node)(nil))
@@ -49,7 +49,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *go
 	if err != nil {
 		return nil, n.fs.toErrno("mknod", err)
 	}
-	return n.newChild(ctx, &e, out), 0
+	return n.newChild(ctx, name, &e, out), 0
 }
 
 var _ = (fusefs.NodeSymlinker)((*node)(nil))
@@ -65,7 +65,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.Ent
 	if err != nil {
 		return nil, n.fs.toErrno("symlink", err)
 	}
-	return n.newChild(ctx, &e, out), 0
+	return n.newChild(ctx, name, &e, out), 0
 }
 
 var _ = (fusefs.NodeLinker)((*node)(nil))
@@ -93,7 +93,7 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 		if err != nil {
 			return nil, n.fs.toErrno("link", err)
 		}
-		return n.newChild(ctx, &e, out), 0
+		return t.linked(&e, out), 0
 	}
 	t.mu.Lock()
 	e, err := n.fs.layers.Link(trel, &t.obj, rel, obj, name, caller(ctx))
@@ -101,7 +101,18 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	if err != nil {
 		return nil, n.fs.toErrno("link", err)
 	}
-	return n.newChild(ctx, &e, out), 0
+	return t.linked(&e, out), 0
+}
+
+// linked is the node of e, a new link to n: n itself, so that the kernel
+// sees one inode under both names, with n's number (a copy-up by the link
+// may have given n's object another one: see newChild).
+func (n *node) linked(e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
+	n.mu.Lock()
+	n.last, n.lastOK = e.Stat, true
+	n.mu.Unlock()
+	fillAttr(&out.Attr, &e.Stat, n.StableAttr().Ino)
+	return n.EmbeddedInode()
 }
 
 var _ = (fusefs.NodeUnlinker)((*node)(nil))

@@ -48,7 +48,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.fs.toErrno("create", err)
 	}
-	ino := n.newChild(ctx, &e, out)
+	ino := n.newChild(ctx, name, &e, out)
 	child, ok := ino.Operations().(*node)
 	if !ok {
 		unix.Close(fd)

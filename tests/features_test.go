@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,6 +185,79 @@ func TestInodeStability(t *testing.T) {
 	ol, oo = lstat(t, sb.path("o-link")), lstat(t, sb.path("o.txt"))
 	assert.Equal(t, [2]uint64{o0, o0}, [2]uint64{oo.Ino, ol.Ino}, "st_ino of a linked original after remount")
 	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{oo.Nlink, ol.Nlink}, "nlink of a linked original after remount")
+}
+
+// TestOriginalHardLinksBreakOnCopyUp: the names of a file with several
+// links in the original show one st_ino and the link count, but writing
+// through one name copies that name up and breaks its link, as in kernel
+// overlayfs without index=on: the other names, and a reader that has one
+// of them open, go on showing the original content. A link made in the
+// sandbox is one inode under both names. The commit gives the original
+// what the mount showed.
+func TestOriginalHardLinksBreakOnCopyUp(t *testing.T) {
+	for _, pt := range []string{"passthrough", "no passthrough"} {
+		t.Run(pt, func(t *testing.T) {
+			var opts []mountOption
+			if pt == "no passthrough" {
+				opts = append(opts, withNoPassthrough())
+			}
+			testOriginalHardLinks(t, opts...)
+		})
+	}
+}
+
+func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
+	orig := newOrig(t, map[string]string{"a": "base\n", "d/keep": "k\n"})
+	for _, name := range []string{"b", "d/c"} {
+		require.NoError(t, os.Link(filepath.Join(orig, "a"), filepath.Join(orig, name)))
+	}
+	sb := mountSandbox(t, orig, opts...)
+	a, b, c := lstat(t, sb.path("a")), lstat(t, sb.path("b")), lstat(t, sb.path("d/c"))
+	assert.Equal(t, [3]uint64{a.Ino, a.Ino, a.Ino}, [3]uint64{a.Ino, b.Ino, c.Ino}, "st_ino of the links of an original file")
+	assert.Equal(t, [3]uint64{3, 3, 3}, [3]uint64{a.Nlink, b.Nlink, c.Nlink}, "nlink of the links of an original file")
+	assert.Equal(t, "base\n", mustRead(t, sb.path("b")))
+	reader, err := unix.Open(sb.path("b"), unix.O_RDONLY, 0)
+	require.NoError(t, err)
+	closeReader := sync.OnceFunc(func() { unix.Close(reader) })
+	t.Cleanup(closeReader) // before the unmount
+
+	require.NoError(t, appendFile(sb.path("a"), []byte("more\n")))
+	check := func(when, wantB string) {
+		t.Helper()
+		for name, want := range map[string]string{"a": "base\nmore\n", "b": wantB, "d/c": "base\n"} {
+			assert.Equal(t, want, mustRead(t, sb.path(name)), "content of %s %s", name, when)
+		}
+		assert.Equal(t, uint64(1), lstat(t, sb.path("a")).Nlink, "nlink of the copied-up a %s", when)
+		assert.Equal(t, uint64(3), lstat(t, sb.path("d/c")).Nlink, "nlink of the untouched d/c (the original's) %s", when)
+	}
+	check("after a was written", "base\n")
+	assert.Equal(t, "base\n", preadAll(t, reader), "a reader of b, after a was written")
+	closeReader()
+
+	// A link made in the sandbox to another name: one inode, both names.
+	require.NoError(t, os.Link(sb.path("b"), sb.path("e")))
+	require.NoError(t, appendFile(sb.path("e"), []byte("via e\n")))
+	be, ee := lstat(t, sb.path("b")), lstat(t, sb.path("e"))
+	assert.Equal(t, be.Ino, ee.Ino, "st_ino of b and its new link e")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{be.Nlink, ee.Nlink}, "nlink of b and its new link e")
+	check("after a link to b was written", "base\nvia e\n")
+
+	remount(t, sb)
+	check("after a remount", "base\nvia e\n")
+	be, ee = lstat(t, sb.path("b")), lstat(t, sb.path("e"))
+	assert.Equal(t, be.Ino, ee.Ino, "st_ino of b and e after a remount")
+	assert.NotEqual(t, be.Ino, lstat(t, sb.path("d/c")).Ino, "b (copied up) and d/c show one st_ino after a remount")
+
+	// The commit replaces a and b in the original: d/c keeps the old
+	// content (and is left the only link of its inode).
+	requireCLI(t)
+	r := sbxfsCLI(t, cliTimeout, "commit", sb.mnt)
+	require.Equal(t, 0, r.code, "commit: %s", r)
+	for name, want := range map[string]string{"a": "base\nmore\n", "b": "base\nvia e\n", "e": "base\nvia e\n", "d/c": "base\n"} {
+		assert.Equal(t, want, mustRead(t, filepath.Join(orig, name)), "the original's %s after the commit", name)
+	}
+	ob, oe := lstat(t, filepath.Join(orig, "b")), lstat(t, filepath.Join(orig, "e"))
+	assert.Equal(t, [2]uint64{ob.Ino, 2}, [2]uint64{oe.Ino, ob.Nlink}, "the original's b and e after the commit: one file, two links")
 }
 
 func preadAll(t testing.TB, fd int) string {
