@@ -99,9 +99,9 @@ func Mount(cfg Config) (*Server, error) {
 }
 
 // mount serves root at mnt (fusefs.Mount, with READDIR replies sized
-// for the directory handles: rawFS) and returns once the mount is live.
+// for the directory handles and umasks passed on: rawFS) and returns once the mount is live.
 func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, error) {
-	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies}
+	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies, umasks: &fs.umasks}
 	srv, err := gofuse.NewServer(raw, mnt, &opts.MountOptions)
 	if err != nil {
 		return nil, err
@@ -171,6 +171,8 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 			// an entry denying a user was ignored), and setting one
 			// updates the mode, as on ext4.
 			EnableAcl: true,
+			// The kernel leaves the umask to sbxfs (umask.go).
+			ExtraCapabilities: gofuse.CAP_DONT_MASK,
 		},
 		// go-fuse would turn permission bits 0 into 0644 (0755 for
 		// directories); a mode 0 file must stay mode 0.

@@ -28,6 +28,7 @@ type filesystem struct {
 	attrTimeout time.Duration
 	cookieSeed  maphash.Seed // for directory offsets (cookie)
 	replies     replies
+	umasks      umasks
 
 	stop chan struct{}
 	done chan struct{}

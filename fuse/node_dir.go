@@ -333,10 +333,12 @@ func (r *replies) take(ctx context.Context, name string) bool {
 }
 
 // rawFS is go-fuse's filesystem with the sizes of READDIR replies passed
-// on to the handles that fill them.
+// on to the handles that fill them, and the umask of requests that make
+// objects to the nodes that make them (umask.go).
 type rawFS struct {
 	gofuse.RawFileSystem
 	replies *replies
+	umasks  *umasks
 }
 
 func (r *rawFS) ReadDir(cancel <-chan struct{}, in *gofuse.ReadIn, out *gofuse.DirEntryList) gofuse.Status {

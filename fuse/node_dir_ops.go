@@ -29,7 +29,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 	if errno != 0 {
 		return nil, errno
 	}
-	e, err := n.fs.layers.Mkdir(rel, obj, name, mode, caller(ctx))
+	e, err := n.fs.layers.Mkdir(rel, obj, name, mode, n.fs.creator(ctx))
 	if err != nil {
 		return nil, n.fs.toErrno("mkdir", err)
 	}
@@ -45,7 +45,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *go
 	if errno != 0 {
 		return nil, errno
 	}
-	e, err := n.fs.layers.Mknod(rel, obj, name, mode, dev, caller(ctx))
+	e, err := n.fs.layers.Mknod(rel, obj, name, mode, dev, n.fs.creator(ctx))
 	if err != nil {
 		return nil, n.fs.toErrno("mknod", err)
 	}

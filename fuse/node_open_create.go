@@ -44,7 +44,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	fd, e, err := n.fs.layers.Create(rel, obj, name, mode|unix.S_IFREG, caller(ctx))
+	fd, e, err := n.fs.layers.Create(rel, obj, name, mode|unix.S_IFREG, n.fs.creator(ctx))
 	if err != nil {
 		return nil, nil, 0, n.fs.toErrno("create", err)
 	}
@@ -114,7 +114,11 @@ var _ = (fusefs.NodeTmpfiler)((*node)(nil))
 // sandbox (and the journal) if it is linked in.
 func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
 	defer n.fs.enter()()
-	fd, e, err := n.fs.layers.Tmpfile(mode, caller(ctx))
+	rel, obj, errno := n.dirArgs()
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	fd, e, err := n.fs.layers.Tmpfile(rel, obj, mode, n.fs.creator(ctx))
 	if err != nil {
 		return nil, nil, 0, n.fs.toErrno("tmpfile", err)
 	}

@@ -69,6 +69,9 @@ type Caller struct {
 	Pid uint32
 	Uid uint32
 	Gid uint32
+	// Umask applies to the mode of an object it makes, unless the parent
+	// directory has a default ACL (then the ACL decides, as on ext4).
+	Umask uint32
 }
 
 // Layers is one mounted overlay stack. It is safe for concurrent use; the

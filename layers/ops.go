@@ -145,14 +145,17 @@ func (l *Layers) newObject(rel string, op Op, path2 string, mode uint32, c Calle
 	return e, nil
 }
 
-// settle gives a new upper object to the caller and the exact mode asked
-// for (the server's umask must not apply twice), and returns its attributes.
+// settle gives a new upper object to the caller and the permissions it
+// gets from the mode asked for, the caller's umask and the default ACL of
+// its parent (newPerms), and returns its attributes. It sets them all
+// itself: the object may have been made elsewhere and moved in (place),
+// and the server's own umask must not apply.
 func (l *Layers) settle(upath string, mode uint32, isDir bool, c Caller, st *unix.Stat_t) error {
 	// A setgid directory hands its group down, and to a new directory its
-	// setgid bit too. The object may have been made elsewhere and moved
-	// in (place), so that is done here from its final parent.
+	// setgid bit too.
+	parent := filepath.Dir(upath)
 	var pst unix.Stat_t
-	setgidParent := unix.Stat(filepath.Dir(upath), &pst) == nil && pst.Mode&unix.S_ISGID != 0
+	setgidParent := unix.Stat(parent, &pst) == nil && pst.Mode&unix.S_ISGID != 0
 	if l.root {
 		gid := int(c.Gid)
 		if setgidParent {
@@ -162,13 +165,20 @@ func (l *Layers) settle(upath string, mode uint32, isDir bool, c Caller, st *uni
 			return err
 		}
 	}
+	if mode&unix.S_IFMT == unix.S_IFLNK {
+		return unix.Lstat(upath, st)
+	}
+	p, err := newPerms(parent, mode, c)
+	if err != nil {
+		return err
+	}
+	if err := p.setACLs(upath); err != nil {
+		return err
+	}
 	if err := unix.Lstat(upath, st); err != nil {
 		return err
 	}
-	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-		return nil
-	}
-	want := mode & 0o7777
+	want := p.mode
 	if isDir && (setgidParent || st.Mode&unix.S_ISGID != 0) {
 		want |= unix.S_ISGID
 	}

@@ -9,14 +9,20 @@ import (
 )
 
 // Tmpfile makes an unnamed regular file (open(O_TMPFILE)) on the upper's
-// filesystem, owned by the caller, and returns its descriptor and entry.
-// It gets a name, and a journal record, only if it is linked in (LinkFd).
-func (l *Layers) Tmpfile(mode uint32, c Caller) (int, Entry, error) {
-	fd, err := unix.Open(l.work, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, mode&0o7777)
+// filesystem for the directory dirRel, owned by the caller, with the
+// permissions a file made there gets, and returns its descriptor and
+// entry. It gets a name, and a journal record, only if it is linked in
+// (LinkFd).
+func (l *Layers) Tmpfile(dirRel string, dir Obj, mode uint32, c Caller) (int, Entry, error) {
+	p, err := newPerms(l.realPath(dirRel, dir), mode|unix.S_IFREG, c)
 	if err != nil {
 		return -1, Entry{}, err
 	}
-	e, err := l.settleFd(fd, mode, c)
+	fd, err := unix.Open(l.work, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, p.mode)
+	if err != nil {
+		return -1, Entry{}, err
+	}
+	e, err := l.settleFd(fd, &p, c)
 	if err != nil {
 		unix.Close(fd)
 		return -1, Entry{}, err
@@ -24,13 +30,16 @@ func (l *Layers) Tmpfile(mode uint32, c Caller) (int, Entry, error) {
 	return fd, e, nil
 }
 
-func (l *Layers) settleFd(fd int, mode uint32, c Caller) (Entry, error) {
+func (l *Layers) settleFd(fd int, p *perms, c Caller) (Entry, error) {
 	if l.root {
 		if err := unix.Fchown(fd, int(c.Uid), int(c.Gid)); err != nil {
 			return Entry{}, err
 		}
 	}
-	if err := unix.Fchmod(fd, mode&0o7777); err != nil {
+	if err := p.setACLsFd(fd); err != nil {
+		return Entry{}, err
+	}
+	if err := unix.Fchmod(fd, p.mode); err != nil {
 		return Entry{}, err
 	}
 	e := Entry{Obj: Obj{Upper: true}}
