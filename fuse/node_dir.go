@@ -34,6 +34,14 @@ import (
 // the listing is sorted by it (ext4's htree does the same), and each reply
 // comes from the directory's current listing, which a node keeps only
 // while no name in it changed (dirChanged).
+//
+// Since nothing depends on an open handle, sbxfs does without them: it
+// answers OPENDIR with ENOSYS, and the kernel (5.1 and later, which say so
+// in INIT) then sends no OPENDIR or RELEASEDIR for any directory again and
+// keeps listings as with FOPEN_CACHE_DIR|FOPEN_KEEP_CACHE. That saves two
+// round trips a directory a walk enters, warm or cold. READDIR and
+// READDIRPLUS then come with no handle, and rawFS opens one in go-fuse for
+// the length of the request.
 
 // cookie reserves offsets 1 and 2 for "." and ".."; 0 is the start.
 const firstCookie = 3
@@ -58,10 +66,9 @@ func (l *listing) after(off uint64) int {
 
 // dirState is what a directory node keeps for its listings.
 type dirState struct {
-	mu    sync.Mutex
-	gen   uint64   // bumped by every change of the names in the directory
-	list  *listing // the current listing, nil when stale or dropped
-	opens int      // open handles; the listing is dropped with the last
+	mu   sync.Mutex
+	gen  uint64   // bumped by every change of the names in the directory
+	list *listing // the current listing, nil when stale or read to its end
 	// served says a reply was made since the kernel last dropped its
 	// cache of the directory: only replies fill that cache.
 	served bool
@@ -118,11 +125,21 @@ func (n *node) listing() (*listing, syscall.Errno) {
 		return nil, errno
 	}
 	n.dir.mu.Lock()
-	if n.dir.gen == gen && n.dir.opens > 0 {
+	if n.dir.gen == gen {
 		n.dir.list = l
 	}
 	n.dir.mu.Unlock()
 	return l, 0
+}
+
+// doneListing drops l, n's listing, once a reply reached its end: the
+// kernel has it whole now, and keeps it.
+func (n *node) doneListing(l *listing) {
+	n.dir.mu.Lock()
+	if n.dir.list == l {
+		n.dir.list = nil
+	}
+	n.dir.mu.Unlock()
 }
 
 func (n *node) makeListing(gen uint64) (*listing, syscall.Errno) {
@@ -168,12 +185,10 @@ func (fs *filesystem) cookie(name string) uint64 {
 
 var _ = (fusefs.NodeOpendirHandler)((*node)(nil))
 
-// OpendirHandle opens a directory for reading; the kernel may keep what
-// it reads (see the top of this file).
+// OpendirHandle opens a directory for reading: for one READDIR request
+// (rawFS), or, under a kernel that needs OPENDIR, for the kernel's open
+// file; the kernel may keep what it reads (see the top of this file).
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	n.dir.mu.Lock()
-	n.dir.opens++
-	n.dir.mu.Unlock()
 	return &dirHandle{n: n}, gofuse.FOPEN_CACHE_DIR | gofuse.FOPEN_KEEP_CACHE, 0
 }
 
@@ -193,7 +208,6 @@ var (
 	_ = (fusefs.FileReaddirenter)((*dirHandle)(nil))
 	_ = (fusefs.FileSeekdirer)((*dirHandle)(nil))
 	_ = (fusefs.FileFsyncdirer)((*dirHandle)(nil))
-	_ = (fusefs.FileReleasedirer)((*dirHandle)(nil))
 )
 
 // Readdirent returns the entry after the handle's position in the current
@@ -209,6 +223,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.E
 	defer d.mu.Unlock()
 	i := l.after(d.pos)
 	if i == len(l.ents) {
+		d.n.doneListing(l)
 		return nil, 0
 	}
 	e := l.ents[i]
@@ -282,14 +297,6 @@ func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 	return d.n.Fsync(ctx, nil, flags)
 }
 
-func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	d.n.dir.mu.Lock()
-	if d.n.dir.opens--; d.n.dir.opens == 0 {
-		d.n.dir.list = nil
-	}
-	d.n.dir.mu.Unlock()
-}
-
 // replies tracks the room left in the READDIR replies being made, so a
 // handle hands go-fuse only entries that fit (see Readdirent). rawFS
 // registers each reply under its request's cancel channel, which go-fuse
@@ -332,23 +339,56 @@ func (r *replies) take(ctx context.Context, name string) bool {
 	return true
 }
 
-// rawFS is go-fuse's filesystem with the sizes of READDIR replies passed
-// on to the handles that fill them, and the umask of requests that make
-// objects to the nodes that make them (umask.go).
+// rawFS is go-fuse's filesystem with directories served without OPENDIR
+// (see the top of this file), the sizes of READDIR replies passed on to
+// the handles that fill them, and the umask of requests that make objects
+// passed on to the nodes that make them (umask.go).
 type rawFS struct {
 	gofuse.RawFileSystem
 	replies *replies
 	umasks  *umasks
+	server  *gofuse.Server
+}
+
+func (r *rawFS) Init(s *gofuse.Server) {
+	r.server = s
+	r.RawFileSystem.Init(s)
+}
+
+// OpenDir answers ENOSYS where the kernel can do without OPENDIR (it says
+// so in INIT): it stops sending OPENDIR and RELEASEDIR.
+func (r *rawFS) OpenDir(cancel <-chan struct{}, in *gofuse.OpenIn, out *gofuse.OpenOut) gofuse.Status {
+	if r.server != nil && r.server.KernelSettings().Flags&gofuse.CAP_NO_OPENDIR_SUPPORT != 0 {
+		return gofuse.ENOSYS
+	}
+	return r.RawFileSystem.OpenDir(cancel, in, out)
 }
 
 func (r *rawFS) ReadDir(cancel <-chan struct{}, in *gofuse.ReadIn, out *gofuse.DirEntryList) gofuse.Status {
-	r.replies.m.Store(cancel, &reply{left: int(in.Size), empty: true})
-	defer r.replies.m.Delete(cancel)
-	return r.RawFileSystem.ReadDir(cancel, in, out)
+	return r.readDir(cancel, in, out, false)
 }
 
 func (r *rawFS) ReadDirPlus(cancel <-chan struct{}, in *gofuse.ReadIn, out *gofuse.DirEntryList) gofuse.Status {
-	r.replies.m.Store(cancel, &reply{left: int(in.Size), plus: true, empty: true})
+	return r.readDir(cancel, in, out, true)
+}
+
+// readDir makes one READDIR(PLUS) reply, through a handle opened for it
+// when the kernel sent none.
+func (r *rawFS) readDir(cancel <-chan struct{}, in *gofuse.ReadIn, out *gofuse.DirEntryList, plus bool) gofuse.Status {
+	r.replies.m.Store(cancel, &reply{left: int(in.Size), plus: plus, empty: true})
 	defer r.replies.m.Delete(cancel)
-	return r.RawFileSystem.ReadDirPlus(cancel, in, out)
+	if in.Fh == 0 {
+		var oo gofuse.OpenOut
+		if st := r.RawFileSystem.OpenDir(cancel, &gofuse.OpenIn{InHeader: in.InHeader}, &oo); !st.Ok() {
+			return st
+		}
+		defer r.RawFileSystem.ReleaseDir(&gofuse.ReleaseIn{InHeader: in.InHeader, Fh: oo.Fh})
+		withFh := *in
+		withFh.Fh = oo.Fh
+		in = &withFh
+	}
+	if plus {
+		return r.RawFileSystem.ReadDirPlus(cancel, in, out)
+	}
+	return r.RawFileSystem.ReadDir(cancel, in, out)
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -145,4 +146,74 @@ func TestSetattrKeepsAttributes(t *testing.T) {
 	text := reqs.spanText(t)
 	assert.Equal(t, 2, strings.Count(text, ": SETATTR "), "requests:\n%s", text)
 	assert.NotRegexp(t, `: (GETATTR|STATX) `, text, "a stat after a setattr asked the server again")
+}
+
+// TestWarmWalkAsksNothing: directories are read without OPENDIR and
+// RELEASEDIR (the server answers OPENDIR with ENOSYS, so the kernel stops
+// sending them and keeps every listing it read whole), so a warm walk of
+// a tree asks the server nothing at all; a name made through the mount
+// shows in the next walk, and one removed is gone.
+func TestWarmWalkAsksNothing(t *testing.T) {
+	files := map[string]string{}
+	for i := 0; i < 30; i++ {
+		files[fmt.Sprintf("t/d%d/e%d/f%02d", i%5, i%2, i)] = "x"
+	}
+	orig := newOrig(t, files)
+	sb := mountSandbox(t, orig, withDebug())
+	require.False(t, sb.useStandIn(), "this test reads the CLI server's --debug log")
+	reqs := &requestLog{sb: sb}
+	reqs.span(t)
+	walk := func() []string {
+		t.Helper()
+		out, err := runTimeout(30*time.Second, "find", sb.path("t"))
+		require.NoError(t, err, "find: %s", out)
+		l := strings.Split(strings.TrimSpace(strings.ReplaceAll(string(out), sb.mnt+"/", "")), "\n")
+		sort.Strings(l)
+		return l
+	}
+	want := []string{"t"}
+	for name := range files {
+		want = append(want, name)
+		for d := filepath.Dir(name); d != "t"; d = filepath.Dir(d) {
+			if !slices.Contains(want, d) {
+				want = append(want, d)
+			}
+		}
+	}
+	sort.Strings(want)
+
+	assert.Equal(t, want, walk(), "the first walk")
+	text := reqs.spanText(t)
+	assert.LessOrEqual(t, strings.Count(text, ": OPENDIR "), 1, "OPENDIRs in the first walk (the first of the mount is answered ENOSYS, and is the last):\n%s", text)
+	assert.NotContains(t, text, ": RELEASEDIR ", "the first walk")
+	assert.Regexp(t, `: READDIR`, text, "the first walk read no directory")
+
+	// The kernel forgets a directory's atime after reading it from the
+	// server (fuse_invalidate_atime), so find's fstat of each directory
+	// in the second walk asks for attributes; the third asks nothing.
+	requests := regexp.MustCompile(`rx \d+: ([A-Z]+) `)
+	asked := func(text string) []string {
+		var ops []string
+		for _, m := range requests.FindAllStringSubmatch(text, -1) {
+			if m[1] != "STATFS" { // find's one statfs a walk
+				ops = append(ops, m[1])
+			}
+		}
+		return ops[:len(ops)-1] // the marker's LOOKUP
+	}
+	assert.Equal(t, want, walk(), "the second walk")
+	text = reqs.spanText(t)
+	for _, op := range asked(text) {
+		assert.Equal(t, "GETATTR", op, "the second walk asked the server:\n%s", text)
+	}
+	assert.Equal(t, want, walk(), "the third walk")
+	text = reqs.spanText(t)
+	assert.Empty(t, asked(text), "the third walk asked the server:\n%s", text)
+
+	require.NoError(t, os.WriteFile(sb.path("t/d1/new"), nil, 0o644))
+	require.NoError(t, os.Remove(sb.path("t/d2/e0/f02")))
+	want = append(slices.DeleteFunc(want, func(s string) bool { return s == "t/d2/e0/f02" }), "t/d1/new")
+	sort.Strings(want)
+	assert.Equal(t, want, walk(), "a walk after a create and a remove")
+	assert.Equal(t, want, walk(), "the walk after that")
 }
