@@ -132,8 +132,8 @@ func (n *node) listing() (*listing, syscall.Errno) {
 	return l, 0
 }
 
-// doneListing drops l, n's listing, once a reply reached its end: the
-// kernel has it whole now, and keeps it.
+// doneListing drops l, n's listing, once the reply that says "end" (an
+// empty one) was made from it: the kernel has it whole now, and keeps it.
 func (n *node) doneListing(l *listing) {
 	n.dir.mu.Lock()
 	if n.dir.list == l {
@@ -223,7 +223,10 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.E
 	defer d.mu.Unlock()
 	i := l.after(d.pos)
 	if i == len(l.ents) {
-		d.n.doneListing(l)
+		if d.n.fs.replies.empty(ctx) {
+			// The reply that says "end": the kernel has it all.
+			d.n.doneListing(l)
+		}
 		return nil, 0
 	}
 	e := l.ents[i]
@@ -313,6 +316,16 @@ type reply struct {
 const direntSize = 24
 
 var entryOutSize = int(unsafe.Sizeof(gofuse.EntryOut{}))
+
+// empty reports whether the reply ctx is making has no entry yet.
+func (r *replies) empty(ctx context.Context) bool {
+	c, ok := ctx.(*gofuse.Context)
+	if !ok || c.Cancel == nil {
+		return true
+	}
+	v, ok := r.m.Load(c.Cancel)
+	return !ok || v.(*reply).empty
+}
 
 // take reports whether an entry named name fits in the reply ctx is
 // making, and counts its room as used. Outside a tracked reply, or for
