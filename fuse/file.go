@@ -2,11 +2,13 @@ package fuse
 
 import (
 	"context"
+	"os"
 	"sync"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/splice"
 	"golang.org/x/sys/unix"
 )
 
@@ -83,7 +85,7 @@ func (h *handle) Read(ctx context.Context, buf []byte, off int64) (gofuse.ReadRe
 	h.switchToUpper()
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	if len(buf) >= spliceMin {
+	if len(buf) >= spliceMin && len(buf) <= maxSpliced() {
 		// Large reads go from the file to the kernel by splice(2), with
 		// no copy through this process. The result outlives this call,
 		// and the handle's descriptor may change (switchToUpper): it
@@ -163,6 +165,20 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 // spliceMin is the smallest read served by splice: below it, a copy costs
 // less than the extra descriptor.
 const spliceMin = 64 << 10
+
+// maxSpliced is the largest read go-fuse can splice: the reply (header
+// and data) and a spare page must fit in a pipe of the system's largest
+// size (/proc/sys/fs/pipe-max-size, 1 MiB by default). A larger one
+// would fail to splice, be logged, and be read again by copying.
+func maxSpliced() int {
+	return splice.MaxPipeSize() - 2*os.Getpagesize()
+}
+
+// maxRequest is the largest READ or WRITE the kernel sends: 1 MiB, less
+// what keeps a READ of that size within maxSpliced.
+func maxRequest() int {
+	return max(min(1<<20, maxSpliced()&^(os.Getpagesize()-1)), 128<<10)
+}
 
 // fdReadResult is a read served from a descriptor of its own: go-fuse
 // splices it to the kernel where it can (else reads it into its buffer),

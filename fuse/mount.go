@@ -164,7 +164,7 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 			DirectMount:   os.Geteuid() == 0,
 			Debug:         cfg.Debug,
 			MaxReadAhead:  readaheadKB << 10,
-			MaxWrite:      1 << 20,
+			MaxWrite:      maxRequest(), // and max_read
 			MaxBackground: 64,
 			// POSIX ACLs count in the kernel's permission checks
 			// (default_permissions alone checks the mode bits only, so
