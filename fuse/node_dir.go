@@ -84,10 +84,10 @@ type dirState struct {
 // it keeps. It is called before the operation is answered.
 //
 // The kernel means to notice a change itself (the directory's i_version
-// and mtime, checked at every open), but under many writers a listing
-// served from its cache right after a change still missed it now and then
-// (TestRealConcurrentWriters: 3 runs in 8 failed with only that, none of
-// 22 with the explicit drop). Dropping costs a write to /dev/fuse, which
+// and mtime, checked whenever a listing starts), but under many writers a
+// listing served from its cache right after a change still missed it now
+// and then (TestRealConcurrentWriters: 3 runs in 8 failed with only that,
+// none of 22 with the explicit drop). Dropping costs a write to /dev/fuse, which
 // the kernel handles without taking a directory lock; it is made only
 // when a reply was served since the last drop (rm -rf lists a directory
 // once, then removes every name: one drop, not one a name).
