@@ -20,8 +20,6 @@ type DirEntry struct {
 // entries not hidden by an upper entry, a whiteout or an opaque directory.
 // The order is stable for an unchanged directory.
 func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
-	var out []DirEntry
-	hidden := map[string]bool{}
 	upath := l.UpperPath(rel)
 	up, err := readDirents(upath)
 	switch {
@@ -33,17 +31,27 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 	default:
 		return nil, err
 	}
-	var lowerLists [][]dirent
+	lowerLists := make([][]dirent, 0, len(o.Lowers))
+	total := len(up)
 	for _, lo := range o.Lowers {
 		ents, err := readDirents(l.LowerPath(lo))
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return nil, err
 		}
 		lowerLists = append(lowerLists, ents)
+		total += len(ents)
 	}
-	var lowerNames map[string]bool
-	if len(lowerLists) > 0 {
-		lowerNames = map[string]bool{}
+	out := make([]DirEntry, 0, total)
+	// hidden holds the names listed or whited out so far, which hide the
+	// same names in the layers below: needed only while one is left (a
+	// directory of the original alone, the common case, needs no map).
+	var hidden map[string]bool
+	if len(up) > 0 && len(lowerLists) > 0 {
+		hidden = make(map[string]bool, total)
+	}
+	var lowerNames map[string]bool // names the lower layers have
+	if hidden != nil {
+		lowerNames = make(map[string]bool, total-len(up))
 		for _, ents := range lowerLists {
 			for _, d := range ents {
 				lowerNames[d.name] = true
@@ -52,14 +60,15 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 	}
 	for _, d := range up {
 		p := upath + "/" + d.name
+		if hidden != nil {
+			hidden[d.name] = true
+		}
 		if d.typ == unix.DT_CHR || d.typ == unix.DT_UNKNOWN {
 			var st unix.Stat_t
 			if unix.Lstat(p, &st) == nil && fsutil.IsWhiteout(&st) {
-				hidden[d.name] = true
 				continue
 			}
 		}
-		hidden[d.name] = true
 		ino := l.stableIno(l.upperDev, d.ino)
 		if lowerNames[d.name] {
 			if og, ok := l.readOrigin(p); ok && og.ino != 0 {
@@ -69,6 +78,10 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 		out = append(out, DirEntry{Name: d.name, Type: dtToMode(d.typ), Ino: ino})
 	}
 	for i, ents := range lowerLists {
+		below := i < len(lowerLists)-1 // a layer below is left
+		if below && hidden == nil {
+			hidden = make(map[string]bool, total)
+		}
 		dev := l.lowerDevs[o.Lowers[i].Layer]
 		lpath := l.LowerPath(o.Lowers[i])
 		var wh []string
@@ -83,11 +96,15 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 					continue
 				}
 			}
-			hidden[d.name] = true
+			if below {
+				hidden[d.name] = true
+			}
 			out = append(out, DirEntry{Name: d.name, Type: dtToMode(d.typ), Ino: l.stableIno(dev, d.ino)})
 		}
-		for _, n := range wh {
-			hidden[n] = true // a lower whiteout hides the layers below only
+		if below {
+			for _, n := range wh {
+				hidden[n] = true // a lower whiteout hides the layers below only
+			}
 		}
 	}
 	return out, nil
