@@ -203,10 +203,11 @@ type mountOptions struct {
 	allowOther    bool     // allow_other
 	extraLowers   []string // layers below the original (stand-in only)
 	noPassthrough bool
-	standIn       bool // use the stand-in even when the CLI builds
-	serverErrors  bool // the test provokes server errors: do not fail on them
-	mountedOnly   bool // start returns once the mount is in mountinfo
-	debug         bool // the server logs every FUSE request (sb.requests)
+	standIn       bool          // use the stand-in even when the CLI builds
+	serverErrors  bool          // the test provokes server errors: do not fail on them
+	mountedOnly   bool          // start returns once the mount is in mountinfo
+	debug         bool          // the server logs every FUSE request (sb.requests)
+	timeout       time.Duration // the kernel's cache timeouts (stand-in only)
 }
 
 type mountOption func(*mountOptions)
@@ -226,6 +227,10 @@ func withLowers(dirs ...string) mountOption {
 
 // withStandIn forces the stand-in server (an exact fuse.Config).
 func withStandIn() mountOption { return func(o *mountOptions) { o.standIn = true } }
+
+// withTimeout sets the kernel's entry, attribute and negative cache
+// timeouts (stand-in).
+func withTimeout(d time.Duration) mountOption { return func(o *mountOptions) { o.timeout = d } }
 
 // withNoPassthrough turns FUSE passthrough off.
 func withNoPassthrough() mountOption { return func(o *mountOptions) { o.noPassthrough = true } }
@@ -273,7 +278,7 @@ func (sb *sandbox) upperPath(rel ...string) string {
 
 func (sb *sandbox) useStandIn() bool {
 	o := sb.opt
-	return cliBin == "" || o.standIn || len(o.extraLowers) > 0
+	return cliBin == "" || o.standIn || len(o.extraLowers) > 0 || o.timeout != 0
 }
 
 // serverName says which server serves this sandbox, for messages.
@@ -361,6 +366,9 @@ func (sb *sandbox) args() (string, []string) {
 	}
 	for _, l := range sb.opt.extraLowers {
 		a = append(a, "-lower", l)
+	}
+	if sb.opt.timeout != 0 {
+		a = append(a, "-timeout", sb.opt.timeout.String())
 	}
 	return standInBin, append(a, sb.orig, sb.state, sb.mnt)
 }

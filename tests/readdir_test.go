@@ -4,10 +4,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
 
@@ -173,4 +177,41 @@ func TestSetgidDirInheritance(t *testing.T) {
 			t.Errorf("%s: mode %o gid %d, want the setgid bit and gid 100", name, st.Mode&0o7777, st.Gid)
 		}
 	}
+}
+
+// TestOriginalChangedBehindListing: a name added to or removed from the
+// original behind the sandbox shows in the listing of a directory the
+// sandbox never changed once the attributes time out (here 1 s), though
+// the kernel keeps listings (no OPENDIR): the directory's new mtime makes
+// it list again. A stat finds the new name and not the removed one.
+func TestOriginalChangedBehindListing(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/a": "a", "d/b": "b"})
+	sb := mountSandbox(t, orig, withTimeout(time.Second))
+	names := func() []string {
+		t.Helper()
+		ents, err := os.ReadDir(sb.path("d"))
+		require.NoError(t, err)
+		var l []string
+		for _, e := range ents {
+			l = append(l, e.Name())
+		}
+		return l
+	}
+	require.Equal(t, []string{"a", "b"}, names())
+	lstat(t, sb.path("d/b"))
+	require.NoError(t, os.WriteFile(filepath.Join(orig, "d/new"), []byte("n"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(orig, "d/b")))
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := names()
+		if slices.Equal(got, []string{"a", "new"}) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the listing still shows %v 10 s after the original changed (timeouts 1 s)", got)
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Equal(t, "n", mustRead(t, sb.path("d/new")))
+	_, err := os.Lstat(sb.path("d/b"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "a name removed from the original")
 }

@@ -43,6 +43,7 @@ func run() error {
 	suid := flag.Bool("suid", false, "lift nosuid")
 	dev := flag.Bool("dev", false, "lift nodev")
 	debug := flag.Bool("debug", os.Getenv("DEBUG") != "", "log every FUSE request")
+	timeout := flag.Duration("timeout", 0, "the kernel's entry, attribute and negative cache timeouts (0: fuse.DefaultTimeout)")
 	flag.Var(&lowers, "lower", "an extra read-only layer below the original (repeatable, top first)")
 	flag.Parse()
 	if flag.NArg() != 3 {
@@ -62,12 +63,15 @@ func run() error {
 			Upper:  filepath.Join(state, "upper"),
 			Work:   filepath.Join(state, "work"),
 		},
-		Mountpoint:    abs(flag.Arg(2)),
-		AllowOther:    *allowOther,
-		NoPassthrough: *noPassthrough,
-		Suid:          *suid,
-		Dev:           *dev,
-		Debug:         *debug,
+		Mountpoint:      abs(flag.Arg(2)),
+		AllowOther:      *allowOther,
+		NoPassthrough:   *noPassthrough,
+		Suid:            *suid,
+		Dev:             *dev,
+		Debug:           *debug,
+		EntryTimeout:    *timeout,
+		AttrTimeout:     *timeout,
+		NegativeTimeout: *timeout,
 	}
 	for _, d := range []string{cfg.Layers.Upper, cfg.Layers.Work} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
