@@ -33,26 +33,26 @@ func (fs *filesystem) creator(ctx context.Context) layers.Caller {
 	return c
 }
 
-func (r *rawFS) Create(cancel <-chan struct{}, in *gofuse.CreateIn, name string, out *gofuse.CreateOut) gofuse.Status {
-	r.umasks.m.Store(cancel, in.Umask)
+// withUmask runs op, the request under cancel, with its umask kept for
+// creator.
+func (r *rawFS) withUmask(cancel <-chan struct{}, umask uint32, op func() gofuse.Status) gofuse.Status {
+	r.umasks.m.Store(cancel, umask)
 	defer r.umasks.m.Delete(cancel)
-	return r.RawFileSystem.Create(cancel, in, name, out)
+	return op()
+}
+
+func (r *rawFS) Create(cancel <-chan struct{}, in *gofuse.CreateIn, name string, out *gofuse.CreateOut) gofuse.Status {
+	return r.withUmask(cancel, in.Umask, func() gofuse.Status { return r.RawFileSystem.Create(cancel, in, name, out) })
 }
 
 func (r *rawFS) Tmpfile(cancel <-chan struct{}, in *gofuse.CreateIn, out *gofuse.CreateOut) gofuse.Status {
-	r.umasks.m.Store(cancel, in.Umask)
-	defer r.umasks.m.Delete(cancel)
-	return r.RawFileSystem.Tmpfile(cancel, in, out)
+	return r.withUmask(cancel, in.Umask, func() gofuse.Status { return r.RawFileSystem.Tmpfile(cancel, in, out) })
 }
 
 func (r *rawFS) Mkdir(cancel <-chan struct{}, in *gofuse.MkdirIn, name string, out *gofuse.EntryOut) gofuse.Status {
-	r.umasks.m.Store(cancel, in.Umask)
-	defer r.umasks.m.Delete(cancel)
-	return r.RawFileSystem.Mkdir(cancel, in, name, out)
+	return r.withUmask(cancel, in.Umask, func() gofuse.Status { return r.RawFileSystem.Mkdir(cancel, in, name, out) })
 }
 
 func (r *rawFS) Mknod(cancel <-chan struct{}, in *gofuse.MknodIn, name string, out *gofuse.EntryOut) gofuse.Status {
-	r.umasks.m.Store(cancel, in.Umask)
-	defer r.umasks.m.Delete(cancel)
-	return r.RawFileSystem.Mknod(cancel, in, name, out)
+	return r.withUmask(cancel, in.Umask, func() gofuse.Status { return r.RawFileSystem.Mknod(cancel, in, name, out) })
 }
