@@ -37,6 +37,9 @@ type Config struct {
 	AllowOther bool
 	// NoPassthrough turns FUSE passthrough off for upper files.
 	NoPassthrough bool
+	// NoIOUring keeps requests on /dev/fuse where the kernel would let
+	// them go through io_uring (uring_serve.go).
+	NoIOUring bool
 	// Suid and Dev lift the nosuid and nodev defaults.
 	Suid, Dev bool
 	// Timeouts for the kernel's entry, attribute and negative caches.
@@ -55,6 +58,7 @@ type Server struct {
 	freezeMu   sync.Mutex // serialises Freeze, Thaw and Reset
 	invalidate bool       // a Reset left kernel caches to drop at Thaw
 	srv        *gofuse.Server
+	uring      *uringTransport // nil: requests come through /dev/fuse
 	fs         *filesystem
 	layers     *layers.Layers
 	mnt        string
@@ -84,10 +88,10 @@ func Mount(cfg Config) (*Server, error) {
 	// The root reports the upper root's stable inode number like every
 	// other node (go-fuse would report 0).
 	opts.RootStableAttr = &fusefs.StableAttr{Ino: fsys.rootIno, Mode: unix.S_IFDIR}
-	srv, err := fsys.mount(cfg.Mountpoint, root, opts)
+	srv, uring, err := fsys.mount(cfg.Mountpoint, root, opts)
 	if err != nil && opts.DirectMount {
 		opts.DirectMount = false // fall back to fusermount3
-		srv, err = fsys.mount(cfg.Mountpoint, root, opts)
+		srv, uring, err = fsys.mount(cfg.Mountpoint, root, opts)
 	}
 	if err != nil {
 		l.Close()
@@ -95,22 +99,53 @@ func Mount(cfg Config) (*Server, error) {
 	}
 	fsys.startFlusher()
 	raiseReadahead(cfg.Mountpoint)
-	return &Server{srv: srv, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
+	return &Server{srv: srv, uring: uring, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
 }
 
 // mount serves root at mnt (fusefs.Mount, with READDIR replies sized
-// for the directory handles and umasks passed on: rawFS) and returns once the mount is live.
-func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, error) {
+// for the directory handles and umasks passed on: rawFS) and returns once
+// the mount is live, with its io_uring queues if the kernel took them.
+func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, *uringTransport, error) {
 	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies, umasks: &fs.umasks}
 	srv, err := gofuse.NewServer(raw, mnt, &opts.MountOptions)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	var uring *uringTransport
+	if opts.ExtraCapabilities&gofuse.CAP_OVER_IO_URING != 0 && srv.KernelSettings().Flags64()&gofuse.CAP_OVER_IO_URING != 0 {
+		uring, err = startURing(fs, raw, srv, &opts.MountOptions)
+		if errors.Is(err, errURingStuck) {
+			go srv.Serve()
+			_ = srv.Unmount()
+			opts.ExtraCapabilities &^= gofuse.CAP_OVER_IO_URING
+			return fs.mount(mnt, root, opts)
+		}
+		if err != nil {
+			fs.log.Warn("io_uring refused; requests go through /dev/fuse", "err", err)
+		}
 	}
 	go srv.Serve()
 	if err := srv.WaitMount(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return srv, nil
+	return srv, uring, nil
+}
+
+// Transport says how the kernel's requests reach the server: "io_uring"
+// or "/dev/fuse".
+func (s *Server) Transport() string {
+	if s.uring != nil {
+		return "io_uring"
+	}
+	return "/dev/fuse"
+}
+
+// URingRequests is the number of requests answered through io_uring.
+func (s *Server) URingRequests() uint64 {
+	if s.uring == nil {
+		return 0
+	}
+	return s.uring.served.Load()
 }
 
 // readaheadKB is the readahead of a mount. The kernel starts a FUSE mount
@@ -182,6 +217,9 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 		NegativeTimeout: &neg,
 		Logger:          log.New(io.Discard, "", 0),
 	}
+	if !cfg.NoIOUring && uringEnabled() {
+		o.MountOptions.ExtraCapabilities |= gofuse.CAP_OVER_IO_URING
+	}
 	if cfg.Debug {
 		o.Logger = log.New(os.Stderr, "sbxfs: ", log.LstdFlags)
 		o.MountOptions.Logger = o.Logger
@@ -193,6 +231,9 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 // fusermount3 -u), then flushes and closes the journal.
 func (s *Server) Wait() error {
 	s.srv.Wait()
+	if s.uring != nil && !s.uring.wait(10*time.Second) {
+		s.fs.log.Warn("io_uring queues still running after unmount")
+	}
 	s.fs.stopFlusher()
 	return s.layers.Close()
 }

@@ -28,7 +28,7 @@ func resolveDir(role, p string) (string, error) {
 	}
 	st, err := os.Stat(abs)
 	switch {
-	case errors.Is(err, unix.ENOTCONN):
+	case errors.Is(err, unix.ENOTCONN), errors.Is(err, unix.ECONNABORTED): // ECONNABORTED: manager/mounts.go isStale
 		return "", fmt.Errorf("%w: %s %q is a mount whose server is gone; unmount it first", ErrInvalid, role, abs)
 	case err != nil:
 		return "", fmt.Errorf("%w: %s: %v", ErrInvalid, role, err)

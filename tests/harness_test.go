@@ -203,6 +203,7 @@ type mountOptions struct {
 	allowOther    bool     // allow_other
 	extraLowers   []string // layers below the original (stand-in only)
 	noPassthrough bool
+	noIOUring     bool          // --no-io-uring
 	standIn       bool          // use the stand-in even when the CLI builds
 	serverErrors  bool          // the test provokes server errors: do not fail on them
 	mountedOnly   bool          // start returns once the mount is in mountinfo
@@ -234,6 +235,9 @@ func withTimeout(d time.Duration) mountOption { return func(o *mountOptions) { o
 
 // withNoPassthrough turns FUSE passthrough off.
 func withNoPassthrough() mountOption { return func(o *mountOptions) { o.noPassthrough = true } }
+
+// withNoIOUring keeps the server's requests on /dev/fuse.
+func withNoIOUring() mountOption { return func(o *mountOptions) { o.noIOUring = true } }
 
 // allowServerErrors keeps error lines in the server's log from failing the
 // test (for tests that kill or starve the server on purpose).
@@ -353,6 +357,9 @@ func (sb *sandbox) args() (string, []string) {
 		if sb.opt.noPassthrough {
 			a = append(a, "--no-passthrough")
 		}
+		if sb.opt.noIOUring {
+			a = append(a, "--no-io-uring")
+		}
 		if sb.opt.debug {
 			a = append(a, "--debug")
 		}
@@ -363,6 +370,9 @@ func (sb *sandbox) args() (string, []string) {
 	}
 	if sb.opt.noPassthrough {
 		a = append(a, "-no-passthrough")
+	}
+	if sb.opt.noIOUring {
+		a = append(a, "-no-io-uring")
 	}
 	for _, l := range sb.opt.extraLowers {
 		a = append(a, "-lower", l)

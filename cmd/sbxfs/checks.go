@@ -21,7 +21,7 @@ func resolveDir(role, p, missing string) (string, error) {
 	}
 	st, err := os.Stat(abs)
 	switch {
-	case errors.Is(err, unix.ENOTCONN):
+	case errors.Is(err, unix.ENOTCONN), errors.Is(err, unix.ECONNABORTED): // ECONNABORTED: manager/mounts.go isStale
 		return "", failf(exitBusy, "%s %q is a mount whose server is gone; run 'sbxfs unmount %s' first", role, abs, abs)
 	case errors.Is(err, os.ErrNotExist):
 		return "", failf(exitBadPath, "%s %q does not exist; %s", role, p, missing)

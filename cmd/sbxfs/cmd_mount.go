@@ -39,13 +39,15 @@ mounted (else exit 4, "already mounted"); a sandbox nested in another
 one mounts once that one is mounted (else exit 4: mount the parent
 first). It prints ID<TAB>MOUNTPOINT, or the sandbox record with --json
 (as 'sbxfs create --json'). --upper, --foreground, --allow-other,
---debug and --no-passthrough are for the standalone form only.`,
+--debug, --no-passthrough and --no-io-uring are for the standalone form
+only.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "upper", Usage: "sandbox directory `DIR` holding upper/ and work/ (created, or reused when it exists)"},
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process until unmounted or interrupted"},
 			&cli.BoolFlag{Name: "allow-other", Usage: "let other users use the mount (permission checks apply; needs user_allow_other in /etc/fuse.conf for non-root)"},
 			&cli.BoolFlag{Name: "debug", Usage: "log every FUSE request"},
 			&cli.BoolFlag{Name: "no-passthrough", Usage: "do not use FUSE passthrough for upper files"},
+			&cli.BoolFlag{Name: "no-io-uring", Usage: "take the kernel's requests from /dev/fuse even where the kernel offers io_uring (fuse module parameter enable_uring)"},
 			&cli.BoolFlag{Name: "json", Usage: "once the mount is live, print {mountpoint, original, sandbox, upper, work} as JSON (managed: the sandbox record)"},
 		},
 		OnUsageError: onUsageError,
@@ -104,6 +106,7 @@ func runMount(c *cli.Context) error {
 		FsName:        work,
 		AllowOther:    c.Bool("allow-other"),
 		NoPassthrough: c.Bool("no-passthrough"),
+		NoIOUring:     c.Bool("no-io-uring"),
 		Debug:         c.Bool("debug"),
 	}}
 	if generated {
@@ -128,7 +131,7 @@ func runMount(c *cli.Context) error {
 }
 
 // standaloneMountFlags are the mount flags of the two-argument form only.
-var standaloneMountFlags = []string{"upper", "foreground", "allow-other", "debug", "no-passthrough"}
+var standaloneMountFlags = []string{"upper", "foreground", "allow-other", "debug", "no-passthrough", "no-io-uring"}
 
 // runMountManaged is 'sbxfs mount ID|MOUNTPOINT': the daemon of the
 // sandbox's state root mounts that active, unmounted sandbox again at its
@@ -259,7 +262,7 @@ func mountChildArgs(c *cli.Context, dir, orig, mnt string) []string {
 		args = append(args, "--state-dir", sd)
 	}
 	args = append(args, "mount", "--foreground", "--upper", dir)
-	for _, f := range []string{"allow-other", "debug", "no-passthrough"} {
+	for _, f := range []string{"allow-other", "debug", "no-passthrough", "no-io-uring"} {
 		if c.Bool(f) {
 			args = append(args, "--"+f)
 		}

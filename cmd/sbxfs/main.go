@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	sbxfs [--state-dir DIR] mount [--upper DIR] [--foreground] [--allow-other] [--debug] [--no-passthrough] ORIGINAL MOUNTPOINT
+//	sbxfs [--state-dir DIR] mount [--upper DIR] [--foreground] [--allow-other] [--debug] [--no-passthrough] [--no-io-uring] ORIGINAL MOUNTPOINT
 //	sbxfs [--state-dir DIR] mount [--json] ID|MOUNTPOINT    (a managed sandbox, mounted again by its daemon)
 //	sbxfs unmount [--lazy] MOUNTPOINT
 //	sbxfs status [--json] MOUNTPOINT|DIR

@@ -101,7 +101,7 @@ func serve(spec *mountSpec, stdout io.Writer) error {
 	}
 	defer ctl.Close()
 	logger.Info("mounted", "mountpoint", spec.cfg.Mountpoint, "lowers", spec.cfg.Layers.Lowers,
-		"upper", spec.cfg.Layers.Upper, "pid", os.Getpid())
+		"upper", spec.cfg.Layers.Upper, "pid", os.Getpid(), "transport", srv.Transport())
 	if spec.announce != "" {
 		fmt.Fprintln(stdout, spec.announce)
 	}
@@ -120,7 +120,7 @@ func waitServer(srv *fuse.Server, logger *slog.Logger, sigs <-chan os.Signal) er
 			if err != nil {
 				return fmt.Errorf("close the sandbox journal: %w", err)
 			}
-			logger.Info("unmounted", "mountpoint", srv.Mountpoint())
+			logger.Info("unmounted", "mountpoint", srv.Mountpoint(), "io_uring_requests", srv.URingRequests())
 			return nil
 		case s := <-sigs:
 			logger.Info("unmounting", "signal", s.String())

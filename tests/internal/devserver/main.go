@@ -40,6 +40,7 @@ func run() error {
 	var lowers stringList
 	allowOther := flag.Bool("allow-other", false, "mount with allow_other")
 	noPassthrough := flag.Bool("no-passthrough", false, "turn FUSE passthrough off")
+	noIOUring := flag.Bool("no-io-uring", false, "take requests from /dev/fuse only")
 	suid := flag.Bool("suid", false, "lift nosuid")
 	dev := flag.Bool("dev", false, "lift nodev")
 	debug := flag.Bool("debug", os.Getenv("DEBUG") != "", "log every FUSE request")
@@ -66,6 +67,7 @@ func run() error {
 		Mountpoint:      abs(flag.Arg(2)),
 		AllowOther:      *allowOther,
 		NoPassthrough:   *noPassthrough,
+		NoIOUring:       *noIOUring,
 		Suid:            *suid,
 		Dev:             *dev,
 		Debug:           *debug,
@@ -89,6 +91,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	fmt.Println("transport", srv.Transport())
 	fmt.Println("ready")
 	go func() {
 		for range sigs {
@@ -98,5 +101,7 @@ func run() error {
 			}
 		}
 	}()
-	return srv.Wait()
+	err = srv.Wait()
+	fmt.Println("io_uring requests", srv.URingRequests())
+	return err
 }

@@ -1,0 +1,505 @@
+package fuse
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// FUSE over io_uring (Linux 6.14+, docs/design.md "Transport"). After INIT
+// the server registers, for every possible CPU, a few ring entries (a
+// header buffer and a payload buffer each) with the kernel. A request is
+// then put in an entry of the queue of the CPU the caller runs on, and the
+// reply goes back with the command that fetches the next request: one
+// system call a request instead of a read and a write on /dev/fuse, and the
+// server thread of that queue, pinned to the CPU, runs where the caller
+// waits instead of being woken on another CPU. FORGET and INTERRUPT still
+// come through /dev/fuse, where go-fuse's own loop keeps reading; so do
+// the requests of the few moments before every queue is registered.
+//
+// go-fuse has no io_uring transport; its ProtocolServer turns one request
+// (as byte slices) into RawFileSystem calls and one reply, and this file
+// moves the bytes.
+
+const (
+	fuseIOUringCmdRegister       = 1
+	fuseIOUringCmdCommitAndFetch = 2
+
+	// struct fuse_uring_req_header: in_out[128], op_in[128], then
+	// struct fuse_uring_ent_in_out {flags, commit_id u64; payload_sz u32}.
+	uringOpIn       = 128
+	uringCommitID   = 264
+	uringPayloadSz  = 272
+	uringHeaderSize = 288
+
+	inHeaderSize  = int(unsafe.Sizeof(gofuse.InHeader{}))
+	outHeaderSize = 16
+
+	// uringEntries is the number of entries a queue registers. The queue's
+	// thread answers one request at a time; the others wait in the ring, so
+	// the kernel never waits for a free entry.
+	uringEntries = 4
+
+	wakeUserData = ^uint64(0)
+
+	opWrite = 16 // FUSE_WRITE
+)
+
+// uringEnabled reports whether the kernel lets FUSE servers use io_uring
+// (the fuse module's enable_uring parameter, off by default) and whether
+// this process may make rings (kernel.io_uring_disabled, seccomp).
+func uringEnabled() bool {
+	b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring")
+	if err != nil || strings.TrimSpace(string(b)) != "Y" {
+		return false
+	}
+	uringProbe.Do(func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		r, err := newRing(2)
+		if err == nil {
+			r.close()
+		}
+		uringProbeOK = err == nil
+	})
+	return uringProbeOK
+}
+
+var (
+	uringProbe   sync.Once
+	uringProbeOK bool
+)
+
+// uringEnt is one registered entry: its buffers live outside the Go heap
+// (the kernel writes them while no system call of ours is running).
+type uringEnt struct {
+	hdr     []byte
+	payload []byte
+	scratch []byte // a copy of the request's names, which the reply overwrites
+	iov     [2]unix.Iovec
+}
+
+// uringQueue serves the requests of one CPU on its own thread.
+type uringQueue struct {
+	t     *uringTransport
+	qid   int
+	r     *ring
+	mem   []byte
+	ents  []uringEnt
+	wake  int    // eventfd: requests answered off the thread
+	wakeB []byte // the eventfd read's buffer (in mem)
+
+	pending []completion // completions seen while registering
+
+	mu   sync.Mutex
+	done []int // entries answered off the thread, to commit
+}
+
+// uringTransport is the io_uring side of one mount.
+type uringTransport struct {
+	fs      *filesystem
+	ps      *gofuse.ProtocolServer
+	devFd   int // our duplicate of the mount's /dev/fuse descriptor
+	payload int // bytes of an entry's payload buffer
+	queues  []*uringQueue
+	wg      sync.WaitGroup
+	served  atomic.Uint64
+}
+
+// startURing registers the ring queues of srv's connection, which
+// negotiated FUSE_OVER_IO_URING in INIT. It returns once every queue is
+// registered (the kernel sends requests through the rings from then on) or
+// has failed; on failure the kernel goes on with /dev/fuse.
+func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, opts *gofuse.MountOptions) (*uringTransport, error) {
+	devFd, err := fuseDevFd(srv)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errURingStuck, err)
+	}
+	t := &uringTransport{fs: fs, devFd: devFd, ps: gofuse.NewProtocolServer(raw, opts)}
+	pages := (opts.MaxWrite-1)/os.Getpagesize() + 1
+	t.payload = max(pages*os.Getpagesize(), 8192, opts.MaxWrite)
+	ncpu, err := possibleCPUs()
+	if err != nil {
+		unix.Close(devFd)
+		return nil, fmt.Errorf("%w: %v", errURingStuck, err)
+	}
+	// Every queue makes its ring on its own thread, then all register:
+	// the kernel uses the rings only once every queue has an entry, and
+	// a registration that fails turns io_uring off for the connection.
+	made := make(chan error, ncpu)
+	register := make(chan bool)
+	registered := make(chan error, ncpu)
+	for qid := range ncpu {
+		q := &uringQueue{t: t, qid: qid, wake: -1}
+		t.queues = append(t.queues, q)
+		t.wg.Add(1)
+		go q.run(made, register, registered)
+	}
+	var failed error
+	for range ncpu {
+		if err := <-made; err != nil && failed == nil {
+			failed = err
+		}
+	}
+	if failed == nil {
+		failed = t.init(srv.KernelSettings())
+	}
+	if failed != nil {
+		close(register) // false: each queue with a ring turns io_uring off and stops
+		t.wg.Wait()
+		unix.Close(devFd)
+		if made := len(t.queues) - countFailed(t.queues); made == 0 {
+			return nil, fmt.Errorf("%w: %v", errURingStuck, failed)
+		}
+		return nil, failed
+	}
+	for range ncpu {
+		register <- true
+	}
+	for range ncpu {
+		if err := <-registered; err != nil && failed == nil {
+			failed = err
+		}
+	}
+	if failed != nil {
+		return t, failed // the kernel serves through /dev/fuse; queues stop at unmount
+	}
+	return t, nil
+}
+
+// errURingStuck says io_uring was negotiated but no queue could make a
+// ring to register or to turn it off with: the kernel holds every request
+// of the mount, which must be unmounted.
+var errURingStuck = errors.New("io_uring negotiated but unusable")
+
+func countFailed(qs []*uringQueue) int {
+	n := 0
+	for _, q := range qs {
+		if q.r == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// init hands the kernel's INIT to the ProtocolServer, which negotiates as
+// the mount's server did (same options, same flags).
+func (t *uringTransport) init(k *gofuse.InitIn) error {
+	in := *k // go-fuse's in structs start with the in header
+	in.InHeader = gofuse.InHeader{Length: uint32(unsafe.Sizeof(in)), Opcode: 26, Unique: 1}
+	req := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))
+	out := make([]byte, 4096)
+	n, st := t.ps.HandleRequest([][]byte{req}, [][]byte{out})
+	if !st.Ok() || n < outHeaderSize || binary.LittleEndian.Uint32(out[4:]) != 0 {
+		return fmt.Errorf("io_uring: INIT: %v, error %d", st, int32(binary.LittleEndian.Uint32(out[4:])))
+	}
+	return nil
+}
+
+// wait waits for every queue's thread to end (they end when the kernel
+// tears the rings down at unmount).
+func (t *uringTransport) wait(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { t.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		unix.Close(t.devFd)
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// run is a queue's thread: it makes the ring, registers the entries when
+// told, then answers requests until the kernel takes the entries back.
+func (q *uringQueue) run(made chan<- error, register <-chan bool, registered chan<- error) {
+	defer q.t.wg.Done()
+	runtime.LockOSThread() // the ring belongs to this thread; never unlocked
+	var set unix.CPUSet
+	set.Set(q.qid)
+	_ = unix.SchedSetaffinity(0, &set) // an offline CPU: run anywhere
+	err := q.setup()
+	made <- err
+	if err != nil {
+		return
+	}
+	defer q.close()
+	if !<-register {
+		q.disable()
+		return
+	}
+	err = q.registerAll()
+	registered <- err
+	if err != nil {
+		return
+	}
+	q.loop()
+}
+
+func (q *uringQueue) setup() error {
+	r, err := newRing(2 * uringEntries)
+	if err != nil {
+		return err
+	}
+	q.r = r
+	hdrPage := os.Getpagesize()
+	per := hdrPage + q.t.payload
+	mem, err := unix.Mmap(-1, 0, uringEntries*per+hdrPage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		r.close()
+		q.r = nil
+		return fmt.Errorf("io_uring: buffers: %w", err)
+	}
+	q.mem = mem
+	q.ents = make([]uringEnt, uringEntries)
+	for i := range q.ents {
+		e := &q.ents[i]
+		base := i * per
+		e.hdr = mem[base : base+uringHeaderSize]
+		e.payload = mem[base+hdrPage : base+per]
+		e.iov[0] = unix.Iovec{Base: &e.hdr[0]}
+		e.iov[0].SetLen(uringHeaderSize)
+		e.iov[1] = unix.Iovec{Base: &e.payload[0]}
+		e.iov[1].SetLen(len(e.payload))
+	}
+	q.wakeB = mem[uringEntries*per : uringEntries*per+8]
+	q.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		q.close()
+		q.r = nil
+		return fmt.Errorf("io_uring: eventfd: %w", err)
+	}
+	return nil
+}
+
+func (q *uringQueue) close() {
+	if q.wake >= 0 {
+		unix.Close(q.wake)
+	}
+	if q.mem != nil {
+		unix.Munmap(q.mem)
+	}
+	q.r.close()
+}
+
+// disable makes the kernel give up io_uring for the connection: a
+// registration it refuses (a queue that does not exist) does that.
+func (q *uringQueue) disable() {
+	s := q.r.sqe()
+	putUringCmd(s, q.t.devFd, fuseIOUringCmdRegister, &q.ents[0].iov[0], 2, 0)
+	binary.LittleEndian.PutUint16(s[48+16:], 0xffff)
+	if q.r.enter(1) == nil {
+		q.r.completions(func(uint64, int32) {})
+	}
+}
+
+// registerAll hands the queue's entries to the kernel. The kernel answers a
+// registration only when it sends the entry a request, so an error shows
+// now and success later, as a request.
+func (q *uringQueue) registerAll() error {
+	for i := range q.ents {
+		q.submit(i, fuseIOUringCmdRegister, 0)
+	}
+	q.armWake()
+	if err := q.r.enter(0); err != nil {
+		return err
+	}
+	// A refused registration completes at once.
+	var failed error
+	q.r.completions(func(ud uint64, res int32) {
+		if res < 0 {
+			failed = fmt.Errorf("io_uring: register queue %d: %w", q.qid, syscall.Errno(-res))
+		} else {
+			q.pending = append(q.pending, completion{ud, res})
+		}
+	})
+	return failed
+}
+
+type completion struct {
+	ud  uint64
+	res int32
+}
+
+func (q *uringQueue) submit(i int, cmd uint32, commitID uint64) {
+	s := q.r.sqe()
+	for s == nil { // cannot happen: the ring has a slot for every entry
+		_ = q.r.enter(0)
+		s = q.r.sqe()
+	}
+	putUringCmd(s, q.t.devFd, cmd, &q.ents[i].iov[0], 2, uint64(i))
+	binary.LittleEndian.PutUint64(s[48+8:], commitID)
+	binary.LittleEndian.PutUint16(s[48+16:], uint16(q.qid))
+}
+
+func (q *uringQueue) armWake() {
+	putRead(q.r.sqe(), q.wake, q.wakeB, wakeUserData)
+}
+
+// loop answers requests until every entry has come back with an error
+// (the connection is gone).
+func (q *uringQueue) loop() {
+	live := len(q.ents)
+	handle := func(ud uint64, res int32) {
+		if ud == wakeUserData {
+			q.mu.Lock()
+			done := q.done
+			q.done = nil
+			q.mu.Unlock()
+			for _, i := range done {
+				q.commit(i)
+			}
+			if res >= 0 {
+				q.armWake()
+			}
+			return
+		}
+		if res < 0 {
+			live--
+			return
+		}
+		q.serve(int(ud))
+	}
+	for _, c := range q.pending {
+		handle(c.ud, c.res)
+	}
+	q.pending = nil
+	for live > 0 {
+		if err := q.r.enter(1); err != nil {
+			return
+		}
+		q.r.completions(handle)
+	}
+}
+
+// serve answers the request in entry i: on this thread, unless operations
+// may wait (a commit has the sandbox frozen), then on a goroutine, so that
+// the queue's other requests (a RELEASE the freeze waits for, say) go on.
+func (q *uringQueue) serve(i int) {
+	if q.t.fs.gate.mu.TryRLock() {
+		q.t.fs.gate.mu.RUnlock()
+		q.answer(i)
+		q.commit(i)
+		return
+	}
+	go func() {
+		q.answer(i)
+		q.mu.Lock()
+		q.done = append(q.done, i)
+		q.mu.Unlock()
+		var one [8]byte
+		binary.LittleEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(q.wake, one[:])
+	}()
+}
+
+func (q *uringQueue) commit(i int) {
+	e := &q.ents[i]
+	q.submit(i, fuseIOUringCmdCommitAndFetch, binary.LittleEndian.Uint64(e.hdr[uringCommitID:]))
+}
+
+// answer turns the request in entry i into the classic byte stream (in
+// header, operation header, payload), has the ProtocolServer run it, and
+// leaves the reply as the kernel wants it: the out header in the entry's
+// header, everything after it in the payload.
+func (q *uringQueue) answer(i int) {
+	e := &q.ents[i]
+	h := e.hdr
+	length := int(binary.LittleEndian.Uint32(h[0:]))
+	opcode := binary.LittleEndian.Uint32(h[4:])
+	unique := binary.LittleEndian.Uint64(h[8:])
+	psz := int(binary.LittleEndian.Uint32(h[uringPayloadSz:]))
+	opsz := length - inHeaderSize - psz
+	if opsz < 0 || opsz > uringOpIn || psz > len(e.payload) {
+		q.replyErr(e, unique, syscall.EIO)
+		return
+	}
+	payload := e.payload[:psz]
+	if opcode != opWrite && psz > 0 {
+		// Names and xattr values: copied, as replies are written into
+		// the same buffer. WRITE data is used in place (a WRITE's reply
+		// is written after the data is).
+		if cap(e.scratch) < psz {
+			e.scratch = make([]byte, max(psz, 256))
+		}
+		payload = e.scratch[:psz]
+		copy(payload, e.payload)
+	}
+	in := [][]byte{h[:inHeaderSize], h[uringOpIn : uringOpIn+opsz], payload}
+	n, st := q.t.ps.HandleRequest(in, [][]byte{h[:outHeaderSize], e.payload})
+	if !st.Ok() || n < outHeaderSize {
+		q.replyErr(e, unique, syscall.EIO)
+		return
+	}
+	binary.LittleEndian.PutUint32(h[uringPayloadSz:], uint32(n-outHeaderSize))
+	q.t.served.Add(1)
+}
+
+func (q *uringQueue) replyErr(e *uringEnt, unique uint64, errno syscall.Errno) {
+	h := e.hdr
+	binary.LittleEndian.PutUint32(h[0:], outHeaderSize)
+	binary.LittleEndian.PutUint32(h[4:], uint32(-int32(errno)))
+	binary.LittleEndian.PutUint64(h[8:], unique)
+	binary.LittleEndian.PutUint32(h[uringPayloadSz:], 0)
+}
+
+// fuseDevFd returns a duplicate of the /dev/fuse descriptor of srv.
+// go-fuse does not export it; it is read from the Server's fuseFD.conn (a
+// syscall.RawConn) with reflection, and TestIOUringServes fails if a
+// go-fuse upgrade moves it.
+func fuseDevFd(srv *gofuse.Server) (int, error) {
+	v := reflect.ValueOf(srv).Elem().FieldByName("fuseFD")
+	if !v.IsValid() || v.Kind() != reflect.Pointer || v.IsNil() {
+		return -1, errors.New("io_uring: go-fuse's Server has no fuseFD field")
+	}
+	c := v.Elem().FieldByName("conn")
+	if !c.IsValid() || c.Type() != reflect.TypeFor[syscall.RawConn]() {
+		return -1, errors.New("io_uring: go-fuse's fuseFD has no conn field")
+	}
+	conn := *(*syscall.RawConn)(unsafe.Pointer(c.UnsafeAddr()))
+	fd, derr := -1, error(nil)
+	if err := conn.Control(func(raw uintptr) {
+		fd, derr = unix.FcntlInt(raw, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("io_uring: dup /dev/fuse: %w", derr)
+	}
+	return fd, nil
+}
+
+// possibleCPUs is the number of the kernel's queues: one per possible CPU.
+func possibleCPUs() (int, error) {
+	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	if err != nil {
+		return 0, err
+	}
+	last := 0
+	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		_, hi, _ := strings.Cut(part, "-")
+		if hi == "" {
+			hi = part
+		}
+		n, err := strconv.Atoi(hi)
+		if err != nil {
+			return 0, fmt.Errorf("cpu/possible %q: %w", b, err)
+		}
+		last = max(last, n)
+	}
+	return last + 1, nil
+}
