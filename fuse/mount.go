@@ -134,7 +134,7 @@ func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofu
 // Transport says how the kernel's requests reach the server: "io_uring"
 // or "/dev/fuse".
 func (s *Server) Transport() string {
-	if s.uring != nil {
+	if s.uring != nil && s.uring.active {
 		return "io_uring"
 	}
 	return "/dev/fuse"

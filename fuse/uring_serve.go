@@ -59,6 +59,12 @@ const (
 	opWrite = 16 // FUSE_WRITE
 )
 
+// uringFault, from SBXFS_URING_FAULT, makes the io_uring start fail on
+// purpose, for the tests of the fallback (TestIOUringFallsBack): "setup"
+// fails the ring of the last queue, "all" every ring, "register" has the
+// last queue's registration refused by the kernel.
+var uringFault = os.Getenv("SBXFS_URING_FAULT")
+
 // uringEnabled reports whether the kernel lets FUSE servers use io_uring
 // (the fuse module's enable_uring parameter, off by default) and whether
 // this process may make rings (kernel.io_uring_disabled, seccomp).
@@ -104,6 +110,7 @@ type uringQueue struct {
 	wakeB []byte // the eventfd read's buffer (in mem)
 
 	pending []completion // completions seen while registering
+	live    int          // entries the kernel holds or we answer
 
 	mu   sync.Mutex
 	done []int // entries answered off the thread, to commit
@@ -118,12 +125,14 @@ type uringTransport struct {
 	queues  []*uringQueue
 	wg      sync.WaitGroup
 	served  atomic.Uint64
+	active  bool // every queue registered: the kernel uses the rings
 }
 
 // startURing registers the ring queues of srv's connection, which
 // negotiated FUSE_OVER_IO_URING in INIT. It returns once every queue is
 // registered (the kernel sends requests through the rings from then on) or
-// has failed; on failure the kernel goes on with /dev/fuse.
+// has failed; on failure the kernel goes on with /dev/fuse, and the
+// transport it may still return (not active) has threads to wait for.
 func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, opts *gofuse.MountOptions) (*uringTransport, error) {
 	devFd, err := fuseDevFd(srv)
 	if err != nil {
@@ -162,7 +171,7 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 		close(register) // false: each queue with a ring turns io_uring off and stops
 		t.wg.Wait()
 		unix.Close(devFd)
-		if made := len(t.queues) - countFailed(t.queues); made == 0 {
+		if rings := len(t.queues) - countFailed(t.queues); rings == 0 {
 			return nil, fmt.Errorf("%w: %v", errURingStuck, failed)
 		}
 		return nil, failed
@@ -178,6 +187,7 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 	if failed != nil {
 		return t, failed // the kernel serves through /dev/fuse; queues stop at unmount
 	}
+	t.active = true
 	return t, nil
 }
 
@@ -251,6 +261,9 @@ func (q *uringQueue) run(made chan<- error, register <-chan bool, registered cha
 }
 
 func (q *uringQueue) setup() error {
+	if uringFault == "all" || uringFault == "setup" && q.qid == len(q.t.queues)-1 {
+		return errors.New("io_uring: ring setup failed (SBXFS_URING_FAULT)")
+	}
 	r, err := newRing(2 * uringEntries)
 	if err != nil {
 		return err
@@ -299,35 +312,42 @@ func (q *uringQueue) close() {
 // disable makes the kernel give up io_uring for the connection: a
 // registration it refuses (a queue that does not exist) does that.
 func (q *uringQueue) disable() {
-	s := q.r.sqe()
-	putUringCmd(s, q.t.devFd, fuseIOUringCmdRegister, &q.ents[0].iov[0], 2, 0)
-	binary.LittleEndian.PutUint16(s[48+16:], 0xffff)
+	q.submit(0, fuseIOUringCmdRegister, 0, 0xffff)
 	if q.r.enter(1) == nil {
 		q.r.completions(func(uint64, int32) {})
 	}
 }
 
 // registerAll hands the queue's entries to the kernel. The kernel answers a
-// registration only when it sends the entry a request, so an error shows
-// now and success later, as a request.
+// registration only when it sends the entry a request, so a refusal shows
+// now and success later, as a request. It fails when no entry was taken;
+// a queue that has some serves with those.
 func (q *uringQueue) registerAll() error {
+	qid := uint16(q.qid)
+	if uringFault == "register" && q.qid == len(q.t.queues)-1 {
+		qid = 0xffff // a queue the kernel does not have
+	}
 	for i := range q.ents {
-		q.submit(i, fuseIOUringCmdRegister, 0)
+		q.submit(i, fuseIOUringCmdRegister, 0, qid)
 	}
 	q.armWake()
 	if err := q.r.enter(0); err != nil {
 		return err
 	}
-	// A refused registration completes at once.
-	var failed error
+	var refused error
+	q.live = len(q.ents)
 	q.r.completions(func(ud uint64, res int32) {
-		if res < 0 {
-			failed = fmt.Errorf("io_uring: register queue %d: %w", q.qid, syscall.Errno(-res))
-		} else {
-			q.pending = append(q.pending, completion{ud, res})
+		if ud != wakeUserData && res < 0 {
+			q.live--
+			refused = fmt.Errorf("io_uring: register queue %d: %w", q.qid, syscall.Errno(-res))
+			return
 		}
+		q.pending = append(q.pending, completion{ud, res})
 	})
-	return failed
+	if q.live == 0 {
+		return refused
+	}
+	return nil
 }
 
 type completion struct {
@@ -335,7 +355,7 @@ type completion struct {
 	res int32
 }
 
-func (q *uringQueue) submit(i int, cmd uint32, commitID uint64) {
+func (q *uringQueue) submit(i int, cmd uint32, commitID uint64, qid uint16) {
 	s := q.r.sqe()
 	for s == nil { // cannot happen: the ring has a slot for every entry
 		_ = q.r.enter(0)
@@ -343,7 +363,7 @@ func (q *uringQueue) submit(i int, cmd uint32, commitID uint64) {
 	}
 	putUringCmd(s, q.t.devFd, cmd, &q.ents[i].iov[0], 2, uint64(i))
 	binary.LittleEndian.PutUint64(s[48+8:], commitID)
-	binary.LittleEndian.PutUint16(s[48+16:], uint16(q.qid))
+	binary.LittleEndian.PutUint16(s[48+16:], qid)
 }
 
 func (q *uringQueue) armWake() {
@@ -353,7 +373,6 @@ func (q *uringQueue) armWake() {
 // loop answers requests until every entry has come back with an error
 // (the connection is gone).
 func (q *uringQueue) loop() {
-	live := len(q.ents)
 	handle := func(ud uint64, res int32) {
 		if ud == wakeUserData {
 			q.mu.Lock()
@@ -369,7 +388,7 @@ func (q *uringQueue) loop() {
 			return
 		}
 		if res < 0 {
-			live--
+			q.live--
 			return
 		}
 		q.serve(int(ud))
@@ -378,7 +397,7 @@ func (q *uringQueue) loop() {
 		handle(c.ud, c.res)
 	}
 	q.pending = nil
-	for live > 0 {
+	for q.live > 0 {
 		if err := q.r.enter(1); err != nil {
 			return
 		}
@@ -409,7 +428,7 @@ func (q *uringQueue) serve(i int) {
 
 func (q *uringQueue) commit(i int) {
 	e := &q.ents[i]
-	q.submit(i, fuseIOUringCmdCommitAndFetch, binary.LittleEndian.Uint64(e.hdr[uringCommitID:]))
+	q.submit(i, fuseIOUringCmdCommitAndFetch, binary.LittleEndian.Uint64(e.hdr[uringCommitID:]), uint16(q.qid))
 }
 
 // answer turns the request in entry i into the classic byte stream (in

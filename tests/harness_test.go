@@ -204,6 +204,7 @@ type mountOptions struct {
 	extraLowers   []string // layers below the original (stand-in only)
 	noPassthrough bool
 	noIOUring     bool          // --no-io-uring
+	env           []string      // extra environment of the server
 	standIn       bool          // use the stand-in even when the CLI builds
 	serverErrors  bool          // the test provokes server errors: do not fail on them
 	mountedOnly   bool          // start returns once the mount is in mountinfo
@@ -238,6 +239,11 @@ func withNoPassthrough() mountOption { return func(o *mountOptions) { o.noPassth
 
 // withNoIOUring keeps the server's requests on /dev/fuse.
 func withNoIOUring() mountOption { return func(o *mountOptions) { o.noIOUring = true } }
+
+// withServerEnv adds variables to the server's environment.
+func withServerEnv(kv ...string) mountOption {
+	return func(o *mountOptions) { o.env = append(o.env, kv...) }
+}
 
 // allowServerErrors keeps error lines in the server's log from failing the
 // test (for tests that kill or starve the server on purpose).
@@ -394,7 +400,7 @@ func (sb *sandbox) start(t testing.TB) {
 	sb.mu.Unlock()
 	cmd.Stdout, cmd.Stderr = sb.log, sb.log
 	cmd.Dir = sb.state
-	cmd.Env = childEnv("GOTRACEBACK=all")
+	cmd.Env = childEnv(append([]string{"GOTRACEBACK=all"}, sb.opt.env...)...)
 	// Pdeathsig: a test binary killed by a timeout takes its servers (and
 	// so their mounts) with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}

@@ -166,3 +166,21 @@ func transportWorkload(t *testing.T, opts ...mountOption) (map[string]string, in
 	}
 	return got, served
 }
+
+// TestIOUringFallsBack: when the server cannot use the rings it negotiated
+// (a ring it cannot make, a registration the kernel refuses, no ring at
+// all), the mount still works, through /dev/fuse, and unmounts cleanly.
+// The faults are made on purpose (SBXFS_URING_FAULT, fuse/uring_serve.go).
+func TestIOUringFallsBack(t *testing.T) {
+	for _, fault := range []string{"setup", "register", "all"} {
+		t.Run(fault, func(t *testing.T) {
+			setURing(t, true)
+			results, served := transportWorkload(t, withNoPassthrough(), allowServerErrors(),
+				withServerEnv("SBXFS_URING_FAULT="+fault))
+			assert.Equal(t, "transport=/dev/fuse", results["transport"])
+			assert.Equal(t, "same", results["copy"])
+			assert.Equal(t, "a c d l new s", results["names"])
+			assert.Zero(t, served, "requests answered through io_uring")
+		})
+	}
+}
