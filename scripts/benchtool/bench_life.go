@@ -256,25 +256,42 @@ func (e *env) benchPlan() error {
 	return nil
 }
 
-// benchMemory: RSS of the sbxfs and fuse-overlayfs servers over the
-// largest original (idle, after a walk, after the kernel forgets, after a
-// second walk), then of a daemon with many idle sandboxes.
+// benchMemory: RSS of the sbxfs servers (both transports) and the
+// fuse-overlayfs server over the largest original (idle, after a walk,
+// after the kernel forgets, after a second walk), then of a daemon with
+// many idle sandboxes, for each sbxfs transport.
 func (e *env) benchMemory() error {
 	n := e.sz.lifeN[len(e.sz.lifeN)-1]
 	orig, err := e.need(fmt.Sprintf("life-%d", n))
 	if err != nil {
 		return err
 	}
-	for _, t := range targets {
+	for _, t := range e.targets {
 		if t.kind == kindSbxfs || t.kind == kindFuseOverlay {
 			e.logf("-- memory: %s", t.name)
 			if err := e.memoryWalk(t, orig); err != nil {
+				if e.ctx.Err() != nil {
+					return e.ctx.Err()
+				}
+				e.logf("memory on %s failed: %v", t.name, err)
 				e.res.addError("memory", t.name, err)
 			}
 		}
 	}
-	e.logf("-- memory: daemon with %d sandboxes", e.sz.idleSandboxes)
-	return e.memoryDaemon()
+	for _, t := range e.targets {
+		if t.kind != kindSbxfs {
+			continue
+		}
+		e.logf("-- memory: daemon with %d sandboxes, %s", e.sz.idleSandboxes, t.name)
+		if err := e.memoryDaemon(t); err != nil {
+			if e.ctx.Err() != nil {
+				return e.ctx.Err()
+			}
+			e.logf("memory (daemon) on %s failed: %v", t.name, err)
+			e.res.addError("memory", t.name+" daemon", err)
+		}
+	}
+	return e.setURing("Y") // as the run has it
 }
 
 func (e *env) memoryWalk(t *target, orig string) (err error) {
@@ -336,8 +353,20 @@ func (e *env) walk(root string) error {
 	})
 }
 
-func (e *env) memoryDaemon() error {
-	state, pid, stop, err := e.startDaemon("memory")
+// memoryDaemon measures a daemon whose sandboxes serve their requests
+// through t's transport: the daemon's mounts have no --no-io-uring, so
+// enable_uring is N while it creates them for sbxfs and Y for
+// sbxfs-uring. Its io_uring instances say which transport they got.
+func (e *env) memoryDaemon(t *target) error {
+	uring := "N"
+	name := "memory"
+	if t.uring {
+		uring, name = "Y", "uring-memory" // not a prefix of the other (isDaemonOf)
+	}
+	if err := e.setURing(uring); err != nil {
+		return err
+	}
+	state, pid, stop, err := e.startDaemon(name)
 	if err != nil {
 		return err
 	}
@@ -351,25 +380,49 @@ func (e *env) memoryDaemon() error {
 	if err != nil {
 		return err
 	}
-	e.res.add("memory", "daemon.idle", "sbxfs", idle)
+	var creates []float64
 	for i := 0; i < e.sz.idleSandboxes; i++ {
+		if e.managesURing() {
+			if err := e.uringParamIs(uring); err != nil {
+				return fmt.Errorf("before sandbox %d: %w", i+1, err)
+			}
+		}
 		d, err := e.timeSbx(state, "create", "--plan", "idle", orig)
 		if err != nil {
 			return fmt.Errorf("sandbox %d: %w", i+1, err)
 		}
-		e.res.add("memory", "daemon.create", "sbxfs", d)
+		creates = append(creates, d)
 	}
 	time.Sleep(time.Second)
 	loaded, err := vmRSS(pid)
 	if err != nil {
 		return err
 	}
-	e.res.add("memory", "daemon.loaded", "sbxfs", loaded)
-	e.res.add("memory", "daemon.per", "sbxfs", (loaded-idle)/float64(e.sz.idleSandboxes))
+	// Every sandbox through io_uring holds at least one ring (one a CPU);
+	// through /dev/fuse, none.
+	rings, err := uringRings(pid)
+	if err != nil {
+		return err
+	}
+	if t.uring && rings < e.sz.idleSandboxes {
+		return fmt.Errorf("%s is not what it claims to measure: the daemon holds %d io_uring instances for %d sandboxes: its sandboxes do not all use io_uring (%s)",
+			t.name, rings, e.sz.idleSandboxes, uringParamNow())
+	}
+	if !t.uring && rings > 0 {
+		return fmt.Errorf("%s is not what it claims to measure: the daemon holds %d io_uring instances: its sandboxes use io_uring (%s)",
+			t.name, rings, uringParamNow())
+	}
+	e.logf("-- memory: the %s daemon holds %d io_uring instances for %d sandboxes", t.name, rings, e.sz.idleSandboxes)
+	e.res.add("memory", "daemon.idle", t.name, idle)
+	for _, d := range creates {
+		e.res.add("memory", "daemon.create", t.name, d)
+	}
+	e.res.add("memory", "daemon.loaded", t.name, loaded)
+	e.res.add("memory", "daemon.per", t.name, (loaded-idle)/float64(e.sz.idleSandboxes))
 	d, err := e.timeSbx(state, "destroy", "--plan", "idle")
 	if err != nil {
 		return err
 	}
-	e.res.add("memory", "daemon.destroy", "sbxfs", d)
+	e.res.add("memory", "daemon.destroy", t.name, d)
 	return nil
 }

@@ -92,7 +92,7 @@ func (e *env) benchGoBuild(t *target, rep int) (err error) {
 		return append(os.Environ(), "GOCACHE="+cache, "GOTOOLCHAIN=local", "GOPROXY=off", "GOFLAGS=",
 			"GOWORK=off", "GO111MODULE=on", "GOENV=off", "GOPATH="+filepath.Join(e.work, "gopath"))
 	}
-	if t == targets[rep%len(targets)] {
+	if t == e.targets[rep%len(e.targets)] {
 		// The rep's first target: build once on the original with a
 		// throwaway cache, so the toolchain's binaries and the sources
 		// are in the page cache for every target alike.

@@ -22,7 +22,26 @@ set border 3
 set tics nomirror
 `
 
-var colors = map[string]string{"ext4": "#999999", "overlayfs": "#000000", "fuse-overlayfs": "#e69f00", "sbxfs": "#0072b2"}
+var colors = map[string]string{"ext4": "#999999", "overlayfs": "#000000", "fuse-overlayfs": "#e69f00", "sbxfs": "#0072b2",
+	"sbxfs-uring": "#56b4e9"}
+
+// plotSeries is a gnuplot plot command for the histogram columns of dat
+// (column 2 on, with the labels in column 1), one per name, each in its
+// colour, followed by extra (", ..." or "").
+func plotSeries(dat string, names, titles []string, extra string) string {
+	var s strings.Builder
+	s.WriteString("plot ")
+	for i, n := range names {
+		if i == 0 {
+			fmt.Fprintf(&s, "%q using 2:xtic(1)", dat)
+		} else {
+			fmt.Fprintf(&s, ", '' using %d", i+2)
+		}
+		fmt.Fprintf(&s, " title %q lc rgb %q", titles[i], colors[n])
+	}
+	s.WriteString(extra + "\n")
+	return s.String()
+}
 
 // charts draws every chart whose data this run made and returns their
 // file names (relative to the output directory).
@@ -78,6 +97,12 @@ func cell(v float64, ok bool) string {
 // ratio; throughput inverted), one cluster per measurement.
 func (e *env) compareChart(dir, png string) (string, error) {
 	var data strings.Builder
+	var names []string
+	for _, t := range e.targets {
+		if t.name != refTarget {
+			names = append(names, t.name)
+		}
+	}
 	lo, hi := 0.5, 2.0
 	for _, row := range compareRows(e.sz) {
 		if !e.ran(row.group) {
@@ -85,11 +110,8 @@ func (e *env) compareChart(dir, png string) (string, error) {
 		}
 		ref, ok := e.res.median(row.group, row.key, refTarget)
 		fmt.Fprintf(&data, "%q", row.short)
-		for _, t := range targets {
-			if t.name == refTarget {
-				continue
-			}
-			v, vok := e.res.median(row.group, row.key, t.name)
+		for _, name := range names {
+			v, vok := e.res.median(row.group, row.key, name)
 			sd := slowdown(v, ref, row.higher)
 			if ok && vok && sd > 0 {
 				lo, hi = min(lo, sd), max(hi, sd)
@@ -117,8 +139,7 @@ set xrange [-0.6:*]
 `)
 	fmt.Fprintf(&s, "set yrange [%g:%g]\n", math.Max(1.0/256, math.Pow(2, math.Floor(math.Log2(lo)))), math.Pow(2, math.Ceil(math.Log2(hi*1.1))))
 	s.WriteString("set ytics (\"1/256\" 1.0/256, \"1/64\" 1.0/64, \"1/16\" 1.0/16, \"1/4\" 0.25, \"1/2\" 0.5, \"1\" 1, \"2\" 2, \"4\" 4, \"8\" 8, \"16\" 16, \"32\" 32, \"64\" 64, \"128\" 128)\n")
-	fmt.Fprintf(&s, "plot %q using 2:xtic(1) title \"ext4\" lc rgb %q, '' using 3 title \"fuse-overlayfs\" lc rgb %q, '' using 4 title \"sbxfs\" lc rgb %q, 1 with lines lc rgb \"black\" dt 2 lw 2 title \"overlayfs\"\n",
-		dat, colors["ext4"], colors["fuse-overlayfs"], colors["sbxfs"])
+	s.WriteString(plotSeries(dat, names, names, ", 1 with lines lc rgb \"black\" dt 2 lw 2 title \"overlayfs\""))
 	return s.String(), nil
 }
 
@@ -204,15 +225,17 @@ func (e *env) lifecycleChart(dir, png string) (string, error) {
 }
 
 // memoryChart: server RSS through the walk, and the daemon's with idle
-// sandboxes.
+// sandboxes, for each sbxfs transport measured.
 func (e *env) memoryChart(dir, png string) (string, error) {
+	sbx := e.sbxfsCols()
+	servers := append(append([]string(nil), sbx...), "fuse-overlayfs")
 	var data strings.Builder
 	for _, row := range memoryRows(e.sz) {
 		if row.unit != "MiB" {
 			continue
 		}
 		fmt.Fprintf(&data, "%q", strings.SplitN(stripTicks(row.label), " (", 2)[0])
-		for _, t := range []string{"sbxfs", "fuse-overlayfs"} {
+		for _, t := range servers {
 			v, ok := e.res.median("memory", row.key, t)
 			fmt.Fprintf(&data, " %s", cell(v/mib, ok))
 		}
@@ -224,32 +247,46 @@ func (e *env) memoryChart(dir, png string) (string, error) {
 	}
 	var d2 strings.Builder
 	for _, key := range []string{"daemon.idle", "daemon.loaded"} {
-		v, ok := e.res.median("memory", key, "sbxfs")
 		label := "no sandboxes"
 		if key == "daemon.loaded" {
 			label = fmt.Sprintf("%d idle sandboxes", e.sz.idleSandboxes)
 		}
-		fmt.Fprintf(&d2, "%q %s\n", label, cell(v/mib, ok))
+		fmt.Fprintf(&d2, "%q", label)
+		for _, t := range sbx {
+			v, ok := e.res.median("memory", key, t)
+			fmt.Fprintf(&d2, " %s", cell(v/mib, ok))
+		}
+		d2.WriteString("\n")
 	}
 	dat2 := filepath.Join(dir, "daemon.dat")
 	if err := os.WriteFile(dat2, []byte(d2.String()), 0o644); err != nil {
 		return "", err
 	}
+	titles := func(names []string, suffix string) []string {
+		var ts []string
+		for _, n := range names {
+			if n == "fuse-overlayfs" {
+				ts = append(ts, n)
+			} else {
+				ts = append(ts, fmt.Sprintf("%s%s (%s)", n, suffix, transportOf(n)))
+			}
+		}
+		return ts
+	}
 	var s strings.Builder
-	fmt.Fprintf(&s, chartHead, 1300, 500, png)
+	fmt.Fprintf(&s, chartHead, 1300, 550, png)
 	s.WriteString(`set multiplot layout 1,2 title "Resident memory (VmRSS, MiB) of the serving process"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.9 border -1
 set yrange [0:*]
 set xtics rotate by -20 scale 0 font ",9"
-set key top left
+set key below horizontal
 `)
 	fmt.Fprintf(&s, "set title \"one mount, %s-file original\"\n", commas(e.sz.lifeN[len(e.sz.lifeN)-1]))
-	fmt.Fprintf(&s, "plot %q using 2:xtic(1) title \"sbxfs\" lc rgb %q, '' using 3 title \"fuse-overlayfs\" lc rgb %q\n",
-		dat, colors["sbxfs"], colors["fuse-overlayfs"])
+	s.WriteString(plotSeries(dat, servers, titles(servers, ""), ""))
 	s.WriteString("set title \"sbxfs daemon\"\nset xtics rotate by 0\n")
-	fmt.Fprintf(&s, "plot %q using 2:xtic(1) title \"sbxfs daemon\" lc rgb %q\n", dat2, colors["sbxfs"])
+	s.WriteString(plotSeries(dat2, sbx, titles(sbx, " daemon"), ""))
 	s.WriteString("unset multiplot\n")
 	return s.String(), nil
 }

@@ -25,6 +25,10 @@ type env struct {
 	opt options
 	sz  sizes
 	res *results
+	// targets measured by this run, in report order (allTargets, less
+	// sbxfs-uring where it cannot be measured: uring.go).
+	targets []*target
+	uring   uringState
 
 	disk      string // scratch ext4 mountpoint
 	diskWasUp bool
@@ -51,15 +55,17 @@ type mountRec struct {
 }
 
 func newEnv(ctx context.Context, opt options) *env {
-	return &env{ctx: ctx, opt: opt, sz: sizesFor(opt.quick), res: newResults(), generated: map[string]bool{}}
+	return &env{ctx: ctx, opt: opt, sz: sizesFor(opt.quick), res: newResults(), generated: map[string]bool{},
+		targets: append([]*target(nil), allTargets...)}
 }
 
 func (e *env) logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s bench: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-// setup brings up the scratch disk (remembering whether it was up) and
-// makes the run's work directory on it.
+// setup brings up the scratch disk (remembering whether it was up),
+// makes the run's work directory on it and sets the fuse module's
+// enable_uring for sbxfs-uring (uring.go).
 func (e *env) setup() error {
 	for _, tool := range []string{"fio", "fuse-overlayfs", "git", "tar", "find", "go"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -94,7 +100,8 @@ func (e *env) setup() error {
 			return err
 		}
 	}
-	e.res.machine = machineInfo(e)
+	e.setupURing()
+	e.res.machine = append(machineInfo(e), e.uringMachineRow())
 	return nil
 }
 
@@ -112,6 +119,7 @@ func (e *env) removeStale() {
 			continue
 		}
 		e.logf("removing %s, left by a run that was killed", d)
+		e.restoreStaleURing(d)
 		old := e.work
 		e.work = d
 		e.sweep(context.Background())

@@ -18,6 +18,11 @@ import (
 type target struct {
 	name string
 	kind targetKind
+	// uring (sbxfs): the server takes the kernel's requests through
+	// io_uring: mounted without --no-io-uring while the fuse module's
+	// enable_uring is Y (uring.go). Without it sbxfs is mounted with
+	// --no-io-uring: requests through /dev/fuse, as on every stock kernel.
+	uring bool
 }
 
 type targetKind int
@@ -29,15 +34,33 @@ const (
 	kindSbxfs
 )
 
-// targets in report order; overlayfs is the reference of every ratio.
-var targets = []*target{
+// allTargets in report order; overlayfs is the reference of every ratio.
+// A run measures env.targets: these, less sbxfs-uring where the kernel
+// cannot serve FUSE over io_uring (uring.go).
+var allTargets = []*target{
 	{name: "ext4", kind: kindExt4},
 	{name: "overlayfs", kind: kindOverlay},
 	{name: "fuse-overlayfs", kind: kindFuseOverlay},
-	{name: "sbxfs", kind: kindSbxfs},
+	{name: sbxfsTarget, kind: kindSbxfs},
+	{name: uringTarget, kind: kindSbxfs, uring: true},
 }
 
-const refTarget = "overlayfs"
+const (
+	refTarget   = "overlayfs"
+	sbxfsTarget = "sbxfs"       // requests through /dev/fuse (--no-io-uring)
+	uringTarget = "sbxfs-uring" // requests through io_uring
+)
+
+// withoutTarget returns ts less the target called name.
+func withoutTarget(ts []*target, name string) []*target {
+	var out []*target
+	for _, t := range ts {
+		if t.name != name {
+			out = append(out, t)
+		}
+	}
+	return out
+}
 
 // instMode says what a workload does to the tree, which decides what the
 // ext4 target (which has no upper layer) works on.
@@ -140,10 +163,35 @@ func (in *instance) mount() error {
 		}
 	case kindSbxfs:
 		mnt := in.mnt
+		args := []string{"--state-dir", e.state, "mount", "--upper", in.upper}
+		want := "/dev/fuse"
+		if in.t.uring {
+			want = "io_uring"
+			if err := e.uringParamIs("Y"); err != nil {
+				return fmt.Errorf("%s: %w", in.t.name, err)
+			}
+		} else {
+			args = append(args, "--no-io-uring")
+		}
+		args = append(args, in.orig, mnt)
+		// The server appends to its log at every mount of the same upper:
+		// only what this mount's server writes is read.
+		log := filepath.Join(in.upper, "work", "server.log")
+		var logStart int64
+		if st, err := os.Stat(log); err == nil {
+			logStart = st.Size()
+		}
 		in.undo = e.track("sbxfs "+mnt, func(ctx context.Context) error { return e.sbxfsUnmount(ctx, mnt) })
-		if err := e.cmdIn("", nil, e.opt.sbxfs, "--state-dir", e.state, "mount", "--upper", in.upper, in.orig, mnt); err != nil {
+		if err := e.cmdIn("", nil, e.opt.sbxfs, args...); err != nil {
 			in.undo()
 			return err
+		}
+		if got, err := serverTransport(log, logStart); err != nil || got != want {
+			in.undo()
+			if err == nil {
+				err = fmt.Errorf("the server of %s says transport=%s, expected %s (%s)", mnt, got, want, uringParamNow())
+			}
+			return fmt.Errorf("%s is not what it claims to measure: %w", in.t.name, err)
 		}
 	}
 	return nil
