@@ -117,8 +117,7 @@ func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofu
 		if errors.Is(err, errURingStuck) {
 			go srv.Serve()
 			_ = srv.Unmount()
-			opts.ExtraCapabilities &^= gofuse.CAP_OVER_IO_URING
-			return fs.mount(mnt, root, opts)
+			return nil, nil, fmt.Errorf("%v; mount with --no-io-uring, or turn the kernel's enable_uring off", err)
 		}
 		if err != nil {
 			fs.log.Warn("io_uring refused; requests go through /dev/fuse", "err", err)

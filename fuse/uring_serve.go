@@ -56,7 +56,13 @@ const (
 
 	wakeUserData = ^uint64(0)
 
-	opWrite = 16 // FUSE_WRITE
+	opRead     = 15 // FUSE_READ
+	opWrite    = 16 // FUSE_WRITE
+	opFsync    = 20 // FUSE_FSYNC
+	opFsyncdir = 30 // FUSE_FSYNCDIR
+
+	// asyncReadSize is the least READ answered off the queue's thread.
+	asyncReadSize = 64 << 10
 )
 
 // uringFault, from SBXFS_URING_FAULT, makes the io_uring start fail on
@@ -123,6 +129,7 @@ type uringTransport struct {
 	devFd   int // our duplicate of the mount's /dev/fuse descriptor
 	payload int // bytes of an entry's payload buffer
 	queues  []*uringQueue
+	nqueues int // one a possible CPU
 	wg      sync.WaitGroup
 	served  atomic.Uint64
 	active  bool // every queue registered: the kernel uses the rings
@@ -149,6 +156,7 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 	// Every queue makes its ring on its own thread, then all register:
 	// the kernel uses the rings only once every queue has an entry, and
 	// a registration that fails turns io_uring off for the connection.
+	t.nqueues = ncpu
 	made := make(chan error, ncpu)
 	register := make(chan bool)
 	registered := make(chan error, ncpu)
@@ -170,9 +178,12 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 	if failed != nil {
 		close(register) // false: each queue with a ring turns io_uring off and stops
 		t.wg.Wait()
-		unix.Close(devFd)
+		defer unix.Close(devFd)
 		if rings := len(t.queues) - countFailed(t.queues); rings == 0 {
-			return nil, fmt.Errorf("%w: %v", errURingStuck, failed)
+			// No queue turned io_uring off: a ring of our own does.
+			if err := refuseOnOwnRing(devFd); err != nil {
+				return nil, fmt.Errorf("%w: %v; %v", errURingStuck, failed, err)
+			}
 		}
 		return nil, failed
 	}
@@ -191,9 +202,9 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 	return t, nil
 }
 
-// errURingStuck says io_uring was negotiated but no queue could make a
-// ring to register or to turn it off with: the kernel holds every request
-// of the mount, which must be unmounted.
+// errURingStuck says io_uring was negotiated but no ring could be made to
+// register or to turn it off with: the kernel holds every request of the
+// mount, which must be unmounted.
 var errURingStuck = errors.New("io_uring negotiated but unusable")
 
 func countFailed(qs []*uringQueue) int {
@@ -261,7 +272,7 @@ func (q *uringQueue) run(made chan<- error, register <-chan bool, registered cha
 }
 
 func (q *uringQueue) setup() error {
-	if uringFault == "all" || uringFault == "setup" && q.qid == len(q.t.queues)-1 {
+	if uringFault == "all" || uringFault == "setup" && q.qid == q.t.nqueues-1 {
 		return errors.New("io_uring: ring setup failed (SBXFS_URING_FAULT)")
 	}
 	r, err := newRing(2 * uringEntries)
@@ -312,10 +323,32 @@ func (q *uringQueue) close() {
 // disable makes the kernel give up io_uring for the connection: a
 // registration it refuses (a queue that does not exist) does that.
 func (q *uringQueue) disable() {
-	q.submit(0, fuseIOUringCmdRegister, 0, 0xffff)
-	if q.r.enter(1) == nil {
-		q.r.completions(func(uint64, int32) {})
+	refuse(q.r, q.t.devFd)
+}
+
+func refuse(r *ring, devFd int) error {
+	var iov [2]unix.Iovec // not read: the queue number is checked first
+	s := r.sqe()
+	putUringCmd(s, devFd, fuseIOUringCmdRegister, &iov[0], 2, 0)
+	binary.LittleEndian.PutUint16(s[48+16:], 0xffff)
+	if err := r.enter(1); err != nil {
+		return err
 	}
+	r.completions(func(uint64, int32) {})
+	return nil
+}
+
+// refuseOnOwnRing turns io_uring off for the connection when no queue
+// made a ring to do it with.
+func refuseOnOwnRing(devFd int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r, err := newRing(2)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	return refuse(r, devFd)
 }
 
 // registerAll hands the queue's entries to the kernel. The kernel answers a
@@ -324,7 +357,7 @@ func (q *uringQueue) disable() {
 // a queue that has some serves with those.
 func (q *uringQueue) registerAll() error {
 	qid := uint16(q.qid)
-	if uringFault == "register" && q.qid == len(q.t.queues)-1 {
+	if uringFault == "register" && q.qid == q.t.nqueues-1 {
 		qid = 0xffff // a queue the kernel does not have
 	}
 	for i := range q.ents {
@@ -405,12 +438,11 @@ func (q *uringQueue) loop() {
 	}
 }
 
-// serve answers the request in entry i: on this thread, unless operations
-// may wait (a commit has the sandbox frozen), then on a goroutine, so that
-// the queue's other requests (a RELEASE the freeze waits for, say) go on.
+// serve answers the request in entry i on this thread, or on a goroutine
+// when it may take long or wait: then the queue's other requests go on
+// meanwhile (mayWait).
 func (q *uringQueue) serve(i int) {
-	if q.t.fs.gate.mu.TryRLock() {
-		q.t.fs.gate.mu.RUnlock()
+	if !q.mayWait(i) {
 		q.answer(i)
 		q.commit(i)
 		return
@@ -424,6 +456,29 @@ func (q *uringQueue) serve(i int) {
 		binary.LittleEndian.PutUint64(one[:], 1)
 		_, _ = unix.Write(q.wake, one[:])
 	}()
+}
+
+// mayWait tells the requests answered off the queue's thread: every one
+// while a commit has the sandbox frozen (a mutating request waits at the
+// gate, and must not hold up the RELEASE the freeze waits for); large
+// READs, which wait for the disk when they read an original file (the
+// kernel's readahead sends several at once, and they must reach the disk
+// together, as on /dev/fuse); and FSYNC, which waits for the disk.
+func (q *uringQueue) mayWait(i int) bool {
+	h := q.ents[i].hdr
+	switch binary.LittleEndian.Uint32(h[4:]) {
+	case opRead:
+		if binary.LittleEndian.Uint32(h[uringOpIn+16:]) >= asyncReadSize { // fuse_read_in.size
+			return true
+		}
+	case opFsync, opFsyncdir:
+		return true
+	}
+	if q.t.fs.gate.mu.TryRLock() {
+		q.t.fs.gate.mu.RUnlock()
+		return false
+	}
+	return true
 }
 
 func (q *uringQueue) commit(i int) {
