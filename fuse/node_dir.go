@@ -77,6 +77,9 @@ type dirState struct {
 	// git status), not only walks the tree (find). See attrsWanted. Set
 	// once, read without mu (a LOOKUP's hot path).
 	statted atomic.Bool
+	// childStatted says a subdirectory is statted: a walk that reads
+	// attributes (rm -r, du, cp -r) goes on to its siblings.
+	childStatted atomic.Bool
 }
 
 // dirChanged records that a name in directory n was added, removed or
@@ -252,8 +255,8 @@ const errNoAttrs = syscall.ENOENT
 // kernel keeps for the attribute timeout), and
 //   - it is a directory: a walk enters it, and would look it up, reading
 //     the same inode, one round trip later; or
-//   - someone reads the attributes of entries in this directory or its
-//     parent (attrsWanted).
+//   - someone reads the attributes of entries in this directory, its
+//     parent, or a sibling directory (attrsWanted).
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	d.mu.Lock()
 	dir := d.lastMode&unix.S_IFMT == unix.S_IFDIR
@@ -265,27 +268,42 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *gofuse.EntryOu
 }
 
 // attrsWanted reports whether a kernel LOOKUP of a child that is no
-// directory was seen in n or in its parent: the sign of a walk that
-// reads attributes (a tree walk alone looks up directories only, to
-// enter them).
+// directory was seen in n, in its parent or in a sibling directory: the
+// sign of a walk that reads attributes (a tree walk alone looks up
+// directories only, to enter them). Siblings count for rm -r, which
+// lists a directory and then unlinks each entry: an entry listed without
+// attributes must be looked up first, two round trips a file instead of
+// one.
 func (n *node) attrsWanted() bool {
 	if n.statted() {
 		return true
 	}
-	_, parent := n.Parent()
-	if parent == nil {
-		return false
-	}
-	pn, ok := parent.Operations().(*node)
-	return ok && pn.statted()
+	pn := n.parentDir()
+	return pn != nil && (pn.statted() || pn.dir.childStatted.Load())
 }
 
 func (n *node) statted() bool { return n.dir.statted.Load() }
+
+// parentDir is the node of n's parent directory, nil for the root.
+func (n *node) parentDir() *node {
+	_, parent := n.Parent()
+	if parent == nil {
+		return nil
+	}
+	pn, ok := parent.Operations().(*node)
+	if !ok {
+		return nil
+	}
+	return pn
+}
 
 // noteLookup records that the kernel looked up a child of n of type mode.
 func (n *node) noteLookup(mode uint32) {
 	if mode&unix.S_IFMT != unix.S_IFDIR && !n.dir.statted.Load() {
 		n.dir.statted.Store(true)
+		if pn := n.parentDir(); pn != nil {
+			pn.dir.childStatted.Store(true)
+		}
 	}
 }
 

@@ -74,9 +74,10 @@ func (r *requestLog) spanText(t *testing.T) string {
 //     attributes, so a later stat of one looks it up; directories come
 //     with them, so entering one needs no LOOKUP.
 //   - Once entries of a directory are statted (ls -l, du, tar), the
-//     listings of it and of its subdirectories carry the files'
-//     attributes: statting them needs no LOOKUP, and the attributes are
-//     the original's.
+//     listings of it, of its subdirectories and of its sibling
+//     directories carry the files' attributes: statting them needs no
+//     LOOKUP, and the attributes are the original's; rm -r of the
+//     siblings unlinks each file without looking it up first.
 func TestReaddirplusAttributes(t *testing.T) {
 	files := map[string]string{}
 	for i := 0; i < 40; i++ {
@@ -84,6 +85,7 @@ func TestReaddirplusAttributes(t *testing.T) {
 		files[fmt.Sprintf("walk/sub%d/g%02d", i%3, i)] = "g"
 		files[fmt.Sprintf("stat/f%02d", i)] = strings.Repeat("s", i)
 		files[fmt.Sprintf("stat/sub/h%02d", i)] = strings.Repeat("h", 2*i)
+		files[fmt.Sprintf("rm/d%d/r%02d", i%4, i)] = "r"
 	}
 	orig := newOrig(t, files)
 	require.NoError(t, os.Chmod(filepath.Join(orig, "stat/sub/h07"), 0o4711))
@@ -126,6 +128,21 @@ func TestReaddirplusAttributes(t *testing.T) {
 		assert.Equal(t, orig2.Uid, got.Uid, e.Name())
 	}
 	assert.Empty(t, reqs.span(t), "files listed with their attributes need no LOOKUP")
+
+	// rm -r: the first directory's files are looked up (listed before
+	// anyone statted anything near them); its siblings' listings then
+	// carry the attributes, and their files are unlinked without a LOOKUP.
+	out, err = runTimeout(30*time.Second, "rm", "-r", sb.path("rm"))
+	require.NoError(t, err, "rm -r: %s", out)
+	assert.NoDirExists(t, sb.path("rm"))
+	var looked []string // the files rm -r looked up
+	for _, name := range reqs.span(t) {
+		if regexp.MustCompile(`^r\d\d$`).MatchString(name) {
+			looked = append(looked, name)
+		}
+	}
+	assert.LessOrEqual(t, len(looked), 10, "rm -r of 4 directories of 10 files looks up the files of the first one only: %v", looked)
+	assert.NotEmpty(t, looked, "the first directory's files came without attributes")
 }
 
 // TestSetattrKeepsAttributes: the attributes a SETATTR answers are kept by
