@@ -155,7 +155,7 @@ func (e *env) evalFor(row rowSpec, col string) (ok, known bool, why string) {
 	return row.goal.eval(get, row)
 }
 
-// verdictText is the text of a verdict cell (as goal.verdict).
+// verdictText is the text of a verdict cell.
 func verdictText(ok, known bool, why string) string {
 	switch {
 	case !known:

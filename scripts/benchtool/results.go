@@ -81,14 +81,7 @@ func (g *goal) verdict(get getter, row rowSpec) string {
 	if g == nil {
 		return ""
 	}
-	ok, known, why := g.eval(get, row)
-	switch {
-	case !known:
-		return "n/a" + paren(why)
-	case ok:
-		return "met" + paren(why)
-	}
-	return "**missed**" + paren(why)
+	return verdictText(g.eval(get, row))
 }
 
 func paren(s string) string {
