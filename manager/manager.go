@@ -49,6 +49,9 @@ type Options struct {
 	// changed through layers.Open(m.Config(id)): a process must not serve a
 	// mount it also writes into.
 	Mount bool
+	// NoIOUring has the mounts take the kernel's requests from /dev/fuse
+	// even where the kernel offers FUSE over io_uring (fuse.Config).
+	NoIOUring bool
 	// DestroyOnExit makes Close (and SIGINT or SIGTERM once WatchSignals
 	// is used) destroy every sandbox this manager created.
 	DestroyOnExit bool

@@ -48,10 +48,11 @@ func (m *Manager) mountSandbox(r *record) error {
 	if err != nil {
 		return err
 	}
-	srv, err := fuse.Mount(fuse.Config{Layers: cfg, Mountpoint: r.Mountpoint, FsName: cfg.Work, Logger: m.log})
+	srv, err := fuse.Mount(fuse.Config{Layers: cfg, Mountpoint: r.Mountpoint, FsName: cfg.Work, Logger: m.log, NoIOUring: m.opt.NoIOUring})
 	if err != nil {
 		return err
 	}
+	m.log.Info("sandbox mounted", "sandbox", r.ID, "mountpoint", r.Mountpoint, "transport", srv.Transport())
 	ctl, err := ServeControl(cfg.Work, srv)
 	if err != nil {
 		_ = srv.Unmount()

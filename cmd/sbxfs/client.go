@@ -67,11 +67,11 @@ func connectDaemon(root string, w io.Writer) (*manager.Daemon, error) {
 	}
 }
 
-// startDaemon starts the daemon of root in the background and waits until
-// it answers or has failed (exit 4 when another process holds the state
-// root).
-func startDaemon(root string) error {
-	return startBackground([]string{"sbxfs", "--state-dir", root, "daemon", "--foreground"}, daemonLog(root))
+// startDaemon starts the daemon of root in the background, with the
+// daemon command's flags, and waits until it answers or has failed (exit
+// 4 when another process holds the state root).
+func startDaemon(root string, flags ...string) error {
+	return startBackground(append([]string{"sbxfs", "--state-dir", root, "daemon", "--foreground"}, flags...), daemonLog(root))
 }
 
 // withDaemon runs f with a connection to the daemon of the state root.

@@ -30,9 +30,17 @@ when it is not running, so it rarely needs starting by hand.
 
 One daemon per state root: a second one exits 4 (busy). In the background
 (the default) it logs to STATE/daemon.log and the command returns once it
-answers.`,
+answers.
+
+The daemon's mounts take the kernel's requests through io_uring where the
+kernel offers it (the fuse module's enable_uring is Y), else through
+/dev/fuse; --no-io-uring keeps them on /dev/fuse. The choice holds until
+the daemon stops: a daemon the managed commands start has no
+--no-io-uring, so start it by hand to have it. Each mount's transport is
+in the daemon's log ("sandbox mounted").`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process, logging to stderr"},
+			&cli.BoolFlag{Name: "no-io-uring", Usage: "take the kernel's requests for every mount from /dev/fuse even where the kernel offers io_uring (fuse module parameter enable_uring)"},
 		},
 		Subcommands: []*cli.Command{
 			{
@@ -196,7 +204,11 @@ func runDaemon(c *cli.Context) error {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return failf(exitBadPath, "state root %s: %v; check --state-dir", root, err)
 	}
-	if err := startDaemon(root); err != nil {
+	var extra []string
+	if c.Bool("no-io-uring") {
+		extra = append(extra, "--no-io-uring")
+	}
+	if err := startDaemon(root, extra...); err != nil {
 		return err
 	}
 	d, err := manager.DialDaemon(root)
@@ -221,7 +233,7 @@ func serveDaemon(root string, c *cli.Context) error {
 	defer signal.Stop(sigs)
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	m, err := manager.New(manager.Options{StateRoot: root, Mount: true, Logger: logger, Fault: faultFromEnv(logger)})
+	m, err := manager.New(manager.Options{StateRoot: root, Mount: true, NoIOUring: c.Bool("no-io-uring"), Logger: logger, Fault: faultFromEnv(logger)})
 	switch {
 	case errors.Is(err, manager.ErrLocked):
 		return failf(exitBusy, "%v; a daemon already serves this state root: use it, or stop that process first", err)

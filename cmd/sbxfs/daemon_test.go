@@ -337,3 +337,44 @@ func TestDaemonCommand(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 }
+
+// daemon --no-io-uring keeps every mount of the daemon on /dev/fuse; a
+// daemon started by a managed command takes io_uring where the kernel
+// offers it. The daemon's log names each mount's transport.
+func TestDaemonTransport(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	r := e.sbxfs("daemon", "--no-io-uring")
+	require.Equal(t, 0, r.code, r.stderr)
+	sb := e.create(e.original("o"))
+	assertFile(t, filepath.Join(sb.Mountpoint, "a.txt"), "hello\n")
+	assert.Equal(t, "/dev/fuse", e.transport(sb.ID), "--no-io-uring")
+
+	require.True(t, e.kill(syscall.SIGTERM))
+	assert.True(t, e.list()[sb.ID].Mounted, "mounted again by a daemon the command started")
+	assertFile(t, filepath.Join(sb.Mountpoint, "a.txt"), "hello\n")
+	want := "/dev/fuse"
+	if b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring"); err == nil && strings.TrimSpace(string(b)) == "Y" {
+		want = "io_uring"
+	}
+	assert.Equal(t, want, e.transport(sb.ID), "without --no-io-uring")
+}
+
+// transport is the transport of the last mount of sandbox id in the
+// daemon's log.
+func (e *managedEnv) transport(id string) string {
+	e.t.Helper()
+	b, err := os.ReadFile(daemonLog(e.root))
+	require.NoError(e.t, err)
+	got := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `msg="sandbox mounted"`) || !strings.Contains(l, "sandbox="+id) {
+			continue
+		}
+		if i := strings.Index(l, "transport="); i >= 0 {
+			got = strings.Fields(l[i+len("transport="):])[0]
+		}
+	}
+	require.NotEmpty(e.t, got, "no \"sandbox mounted\" line for %s in the daemon's log", id)
+	return got
+}

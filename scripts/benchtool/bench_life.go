@@ -23,9 +23,10 @@ func (e *env) timeSbx(state string, args ...string) (float64, error) {
 	return e.timeCmd("", nil, e.opt.sbxfs, append([]string{"--state-dir", state}, args...)...)
 }
 
-// startDaemon starts an sbxfs daemon on a private state root and returns
-// it and the function that stops it (also run by the cleanup).
-func (e *env) startDaemon(name string) (state string, pid int, stop func() error, err error) {
+// startDaemon starts an sbxfs daemon on a private state root, with the
+// daemon command's flags, and returns it and the function that stops it
+// (also run by the cleanup).
+func (e *env) startDaemon(name string, flags ...string) (state string, pid int, stop func() error, err error) {
 	state = filepath.Join(e.work, "daemon-"+name)
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return "", 0, nil, err
@@ -38,7 +39,7 @@ func (e *env) startDaemon(name string) (state string, pid int, stop func() error
 		}
 		return stopDaemon(pid, state)
 	})
-	if _, err := e.sbx(state, "daemon"); err != nil {
+	if _, err := e.sbx(state, append([]string{"daemon"}, flags...)...); err != nil {
 		stop()
 		return "", 0, nil, err
 	}
@@ -291,7 +292,7 @@ func (e *env) benchMemory() error {
 			e.res.addError("memory", t.name+" daemon", err)
 		}
 	}
-	return e.setURing("Y") // as the run has it
+	return nil
 }
 
 func (e *env) memoryWalk(t *target, orig string) (err error) {
@@ -354,19 +355,15 @@ func (e *env) walk(root string) error {
 }
 
 // memoryDaemon measures a daemon whose sandboxes serve their requests
-// through t's transport: the daemon's mounts have no --no-io-uring, so
-// enable_uring is N while it creates them for sbxfs and Y for
-// sbxfs-uring. Its io_uring instances say which transport they got.
+// through t's transport: for sbxfs it is started with --no-io-uring, for
+// sbxfs-uring without, while enable_uring is Y (as the run has it). Its
+// io_uring instances say which transport its sandboxes got.
 func (e *env) memoryDaemon(t *target) error {
-	uring := "N"
-	name := "memory"
+	name, flags := "memory", []string{"--no-io-uring"}
 	if t.uring {
-		uring, name = "Y", "uring-memory" // not a prefix of the other (isDaemonOf)
+		name, flags = "uring-memory", nil // not a prefix of the other (isDaemonOf)
 	}
-	if err := e.setURing(uring); err != nil {
-		return err
-	}
-	state, pid, stop, err := e.startDaemon(name)
+	state, pid, stop, err := e.startDaemon(name, flags...)
 	if err != nil {
 		return err
 	}
@@ -382,8 +379,8 @@ func (e *env) memoryDaemon(t *target) error {
 	}
 	var creates []float64
 	for i := 0; i < e.sz.idleSandboxes; i++ {
-		if e.managesURing() {
-			if err := e.uringParamIs(uring); err != nil {
+		if t.uring && e.managesURing() {
+			if err := e.uringParamIs("Y"); err != nil {
 				return fmt.Errorf("before sandbox %d: %w", i+1, err)
 			}
 		}

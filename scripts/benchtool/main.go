@@ -192,8 +192,8 @@ func parseFlags(args []string) (options, error) {
 }
 
 // devFuseGroups are measured with sbxfs only, through /dev/fuse, as
-// they always were: enable_uring is N while they run (their daemons'
-// sandboxes cannot say --no-io-uring).
+// they always were: enable_uring is N while they run, so that nothing in
+// them (standalone mounts, daemons, the sbxfs commands) meets io_uring.
 var devFuseGroups = map[string]bool{"create": true, "diffcommit": true, "plan": true}
 
 // runGroup runs one group: its repetitions, each over every target.

@@ -378,8 +378,8 @@ func (e *env) sections() []section {
 			"sbxfs is mounted with `--no-io-uring` (requests through /dev/fuse, as on every stock kernel), " +
 			"sbxfs-uring without it while the fuse module's `enable_uring` is Y (requests through io_uring)."
 		memoryIntro += ", with `--no-io-uring` for sbxfs and through io_uring for sbxfs-uring; fuse-overlayfs for comparison)."
-		daemonIntro += ": for sbxfs while the fuse module's `enable_uring` is N (its sandboxes take their requests from /dev/fuse), " +
-			"for sbxfs-uring while it is Y (through io_uring)."
+		daemonIntro += ": for sbxfs started with `sbxfs daemon --no-io-uring` (its sandboxes take their requests from /dev/fuse), " +
+			"for sbxfs-uring without it (through io_uring); the fuse module's `enable_uring` is Y for both."
 		lifeNote = " sbxfs over /dev/fuse: `enable_uring` is N while create, diff, commit and plan run."
 	} else {
 		compareIntro += "."

@@ -14,13 +14,12 @@ import (
 // FUSE over io_uring (Linux 6.14+): the kernel offers it to a FUSE server
 // only while the fuse module's parameter enable_uring is Y (default N),
 // read when a mount starts. The sbxfs server takes it whenever it is
-// offered, unless mounted with --no-io-uring; the daemon's sandboxes have
-// no such flag.
+// offered, unless mounted with --no-io-uring (a daemon: started with
+// --no-io-uring).
 //
 // A run saves the parameter, sets it to Y (so that sbxfs-uring can be
-// measured), sets it to N for the groups and rows measured with sbxfs over
-// /dev/fuse that cannot say --no-io-uring (the daemon's sandboxes; and the
-// lifecycle groups, so that they measure what they always did), and puts
+// measured), sets it to N for the lifecycle groups (create, diffcommit,
+// plan: measured with sbxfs only, as they always were), and puts
 // the saved value back when it ends, on every way out (a record of
 // env.track). A run killed with SIGKILL leaves the saved value in its work
 // directory; the next run puts it back (removeStale).
