@@ -30,8 +30,9 @@ func (fs *filesystem) enter() func() {
 // writers are the handles open for writing. Writes through passthrough and
 // shared mmaps never reach sbxfs, so a commit waits for them to close.
 type writers struct {
-	mu sync.Mutex
-	m  map[*handle]string
+	mu     sync.Mutex
+	m      map[*handle]string
+	closed chan struct{} // closed (and dropped) when a writer goes away
 }
 
 func (w *writers) add(h *handle, rel string) {
@@ -46,12 +47,28 @@ func (w *writers) add(h *handle, rel string) {
 func (w *writers) remove(h *handle) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if _, ok := w.m[h]; !ok {
+		return
+	}
 	delete(w.m, h)
+	if w.closed != nil {
+		close(w.closed)
+		w.closed = nil
+	}
 }
 
-func (w *writers) paths() []string {
+// waitable returns the paths open for writing and a channel closed when
+// one of those handles goes away.
+func (w *writers) waitable() ([]string, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed == nil {
+		w.closed = make(chan struct{})
+	}
+	return w.pathsLocked(), w.closed
+}
+
+func (w *writers) pathsLocked() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, p := range w.m {
@@ -91,15 +108,21 @@ func (s *Server) Freeze(wait time.Duration) error {
 	// before the freeze may still be counted for a moment.
 	deadline := time.Now().Add(max(wait, releaseGrace))
 	for {
-		busy := s.fs.writers.paths()
+		busy, closed := s.fs.writers.waitable()
 		if len(busy) == 0 {
 			break
 		}
-		if time.Now().After(deadline) {
+		left := time.Until(deadline)
+		if left <= 0 {
 			s.fs.gate.mu.Unlock()
 			return &BusyError{Paths: busy}
 		}
-		time.Sleep(20 * time.Millisecond)
+		t := time.NewTimer(left)
+		select {
+		case <-closed:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	s.fs.gate.frozen = true
 	return s.layers.Sync()

@@ -242,10 +242,39 @@ func waitServerExit(work string, timeout time.Duration) int {
 		if err == nil {
 			return 0 // nobody holds it: the server is gone
 		}
-		if time.Now().After(deadline) {
-			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		left := time.Until(deadline)
+		if left <= 0 {
 			return max(pid, 1)
 		}
-		time.Sleep(20 * time.Millisecond)
+		if !waitExit(pid, left) {
+			time.Sleep(min(left, 5*time.Millisecond))
+		}
+	}
+}
+
+// waitExit waits up to d for process pid to exit, on its pidfd: the server
+// has exited the moment it does, where a poll of the pid file would see it
+// up to a poll interval late. It returns false when it could not wait (no
+// such process any more, or a kernel without pidfd_open).
+func waitExit(pid int, d time.Duration) bool {
+	if pid <= 0 {
+		return false
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(d); ; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return true
+		}
+		_, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err != unix.EINTR {
+			return true
+		}
 	}
 }
