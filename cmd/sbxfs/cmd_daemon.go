@@ -165,12 +165,17 @@ func runDaemonStatus(c *cli.Context) error {
 // waitProcessExit waits up to timeout for process pid to exit (a zombie
 // nobody reaps counts as exited).
 func waitProcessExit(pid int, timeout time.Duration) bool {
-	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+	deadline := time.Now().Add(timeout)
+	for {
 		if !processAlive(pid) {
 			return true
 		}
-		if time.Now().After(deadline) {
+		left := time.Until(deadline)
+		if left <= 0 {
 			return false
+		}
+		if !waitExit(pid, left) {
+			time.Sleep(min(left, 5*time.Millisecond))
 		}
 	}
 }
