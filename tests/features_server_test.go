@@ -3,6 +3,7 @@ package tests
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -264,8 +265,10 @@ func TestJournalSurvivesSIGKILL(t *testing.T) {
 	if fd, err := unix.Open(sb.mnt, unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
 		unix.Close(fd)
 		t.Errorf("opendir of the dead mount succeeded")
-	} else {
-		assert.ErrorIs(t, err, unix.ENOTCONN, "opendir of the dead mount")
+	} else if !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
+		// ECONNABORTED: a request made while the kernel tears down the
+		// io_uring queues of the killed server.
+		t.Errorf("opendir of the dead mount: %v, want ENOTCONN (or ECONNABORTED)", err)
 	}
 	var st unix.Stat_t
 

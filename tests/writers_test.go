@@ -583,7 +583,7 @@ func rtWriterMain(args []string) int {
 		}
 		if err := do(o); err != nil {
 			fmt.Fprintln(os.Stderr, err)
-			if errors.Is(err, unix.ENOTCONN) {
+			if errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED) {
 				return 3
 			}
 			return 1
