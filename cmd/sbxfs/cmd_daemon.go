@@ -165,19 +165,7 @@ func runDaemonStatus(c *cli.Context) error {
 // waitProcessExit waits up to timeout for process pid to exit (a zombie
 // nobody reaps counts as exited).
 func waitProcessExit(pid int, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if !processAlive(pid) {
-			return true
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return false
-		}
-		if !waitExit(pid, left) {
-			time.Sleep(min(left, 5*time.Millisecond))
-		}
-	}
+	return waitGone(timeout, func() (int, bool) { return pid, !processAlive(pid) }) == 0
 }
 
 // processAlive reports whether pid is a running process (not a zombie).

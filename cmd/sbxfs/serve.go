@@ -230,19 +230,32 @@ func (p *pidFile) release() {
 // whose work directory is work. It returns the pid still serving, or 0.
 func waitServerExit(work string, timeout time.Duration) int {
 	path := filepath.Join(work, pidFileName)
-	deadline := time.Now().Add(timeout)
-	for {
+	return waitGone(timeout, func() (int, bool) {
 		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 		if err != nil {
-			return 0 // removed by the exiting server, or unreadable: nothing to wait for
+			return 0, true // removed by the exiting server, or unreadable: nothing to wait for
 		}
 		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
 		b, _ := io.ReadAll(f)
 		f.Close()
 		if err == nil {
-			return 0 // nobody holds it: the server is gone
+			return 0, true // nobody holds it: the server is gone
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid, false
+	})
+}
+
+// waitGone calls check until it says the process is gone or timeout has
+// passed, waiting in between for the process check names to exit. It
+// returns 0 once gone, else the last pid (at least 1).
+func waitGone(timeout time.Duration, check func() (pid int, gone bool)) int {
+	deadline := time.Now().Add(timeout)
+	for {
+		pid, gone := check()
+		if gone {
+			return 0
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return max(pid, 1)
