@@ -14,6 +14,8 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // Directory listings and the kernel's listing cache.
@@ -172,10 +174,34 @@ func (n *node) makeListing(gen uint64) (*listing, syscall.Errno) {
 			list[i].Off = list[i-1].Off + 1
 		}
 	}
+	n.prefetchSubdirs(obj, list)
 	list = slices.Insert(list, 0,
 		gofuse.DirEntry{Name: ".", Mode: unix.S_IFDIR, Ino: n.StableAttr().Ino, Off: 1},
 		gofuse.DirEntry{Name: "..", Mode: unix.S_IFDIR, Ino: 1, Off: 2})
 	return &listing{gen: gen, made: made, ents: list}, 0
+}
+
+// prefetchSubdirs hands the subdirectories in list (cookie order) that
+// the original's layers may have to the background readers (prefetch.go).
+func (n *node) prefetchSubdirs(obj layers.Obj, list []gofuse.DirEntry) {
+	if len(obj.Lowers) == 0 {
+		return
+	}
+	var paths []string
+	for _, e := range list {
+		if e.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		for _, lo := range obj.Lowers {
+			paths = append(paths, n.fs.layers.LowerPath(lo)+"/"+e.Name)
+		}
+		if len(paths) >= prefetchPerListing {
+			break
+		}
+	}
+	if len(paths) > 0 {
+		prefetchDirs(paths)
+	}
 }
 
 // cookie is the offset of the entry after name: a hash of the name, so
