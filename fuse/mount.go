@@ -78,7 +78,8 @@ func Mount(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough, cookieSeed: maphash.MakeSeed()}
+	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough, cookieSeed: maphash.MakeSeed(),
+		layersOnFUSE: onFUSE(append([]string{cfg.Layers.Upper, cfg.Layers.Work}, cfg.Layers.Lowers...)...)}
 	root, err := fsys.newRoot()
 	if err != nil {
 		l.Close()
@@ -128,6 +129,18 @@ func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofu
 		return nil, nil, err
 	}
 	return srv, uring, nil
+}
+
+// onFUSE reports whether any of dirs is on a FUSE filesystem (or cannot
+// be told).
+func onFUSE(dirs ...string) bool {
+	for _, d := range dirs {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d, &st); err != nil || st.Type == unix.FUSE_SUPER_MAGIC {
+			return true
+		}
+	}
+	return false
 }
 
 // Transport says how the kernel's requests reach the server: "io_uring"

@@ -11,9 +11,11 @@ import (
 
 // This file is the small part of io_uring that FUSE over io_uring needs:
 // one ring with 128-byte submission entries, owned by one thread, that
-// submits commands and waits for their completions. See uring_serve.go.
+// submits commands and waits for their completions. See uring_pool.go
+// (the threads) and uring_serve.go (the mounts' queues).
 
 const (
+	ioringSetupCQSize       = 1 << 3
 	ioringSetupSQE128       = 1 << 10
 	ioringSetupSingleIssuer = 1 << 12
 	ioringSetupDeferTaskrun = 1 << 13
@@ -65,16 +67,20 @@ type ring struct {
 	cqes           []byte
 }
 
-// newRing sets up a ring of at least entries submission slots, owned by
-// the calling thread (which must stay locked to its goroutine).
-func newRing(entries uint32) (*ring, error) {
+// newRing sets up a ring of at least entries submission slots and cq
+// completion slots (0: the kernel's default, twice entries), owned by the
+// calling thread (which must stay locked to its goroutine). Completions
+// beyond cq wait in the kernel (IORING_FEAT_NODROP, Linux 5.5+).
+func newRing(entries, cq uint32) (*ring, error) {
 	flags := uint32(ioringSetupSQE128 | ioringSetupSingleIssuer | ioringSetupDeferTaskrun)
-	var p ringParams
-	p.flags = flags
+	if cq > 0 {
+		flags |= ioringSetupCQSize
+	}
+	p := ringParams{flags: flags, cqEntries: cq}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
 	if errno == unix.EINVAL {
 		// Kernels before 6.1 have no DEFER_TASKRUN.
-		p = ringParams{flags: ioringSetupSQE128}
+		p = ringParams{flags: flags &^ (ioringSetupSingleIssuer | ioringSetupDeferTaskrun), cqEntries: cq}
 		fd, _, errno = unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
 	}
 	if errno != 0 {

@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -54,8 +55,6 @@ const (
 	// the kernel never waits for a free entry.
 	uringEntries = 4
 
-	wakeUserData = ^uint64(0)
-
 	opRead     = 15 // FUSE_READ
 	opWrite    = 16 // FUSE_WRITE
 	opFsync    = 20 // FUSE_FSYNC
@@ -82,7 +81,7 @@ func uringEnabled() bool {
 	uringProbe.Do(func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		r, err := newRing(2)
+		r, err := newRing(2, 0)
 		if err == nil {
 			r.close()
 		}
@@ -99,27 +98,32 @@ var (
 // uringEnt is one registered entry: its buffers live outside the Go heap
 // (the kernel writes them while no system call of ours is running).
 type uringEnt struct {
+	q       *uringQueue
+	ud      uint64 // its number on the ring (ringThread.add)
 	hdr     []byte
 	payload []byte
 	scratch []byte // a copy of the request's names, which the reply overwrites
 	iov     [2]unix.Iovec
+
+	used int // payload bytes the last request or its reply took (answer)
+	// On the ring thread (trim):
+	busy   bool // answered on a goroutine, not committed yet
+	dirty  bool // payload pages beyond the first are resident
+	recent bool // dirtied since the last trim
 }
 
-// uringQueue serves the requests of one CPU on its own thread.
+// uringQueue is one mount's queue of one CPU, served by that CPU's ring
+// thread (uring_pool.go).
 type uringQueue struct {
-	t     *uringTransport
-	qid   int
-	r     *ring
-	mem   []byte
-	ents  []uringEnt
-	wake  int    // eventfd: requests answered off the thread
-	wakeB []byte // the eventfd read's buffer (in mem)
+	t    *uringTransport
+	qid  int
+	th   *ringThread
+	mem  []byte
+	ents []uringEnt
 
-	pending []completion // completions seen while registering
-	live    int          // entries the kernel holds or we answer
-
-	mu   sync.Mutex
-	done []int // entries answered off the thread, to commit
+	// On the ring thread:
+	live    int   // entries the kernel holds or we answer
+	refused error // why the kernel took an entry back, if it did
 }
 
 // uringTransport is the io_uring side of one mount.
@@ -133,19 +137,23 @@ type uringTransport struct {
 	wg      sync.WaitGroup
 	served  atomic.Uint64
 	active  bool // every queue registered: the kernel uses the rings
+	// offThread answers every request on a goroutine: the layers are on
+	// FUSE, maybe a mount of this process whose requests from this CPU
+	// the same ring thread serves (a sandbox nested in another).
+	offThread bool
 }
 
 // startURing registers the ring queues of srv's connection, which
 // negotiated FUSE_OVER_IO_URING in INIT. It returns once every queue is
 // registered (the kernel sends requests through the rings from then on) or
 // has failed; on failure the kernel goes on with /dev/fuse, and the
-// transport it may still return (not active) has threads to wait for.
+// transport it may still return (not active) has queues to wait for.
 func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, opts *gofuse.MountOptions) (*uringTransport, error) {
 	devFd, err := fuseDevFd(srv)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errURingStuck, err)
 	}
-	t := &uringTransport{fs: fs, devFd: devFd, ps: gofuse.NewProtocolServer(raw, opts)}
+	t := &uringTransport{fs: fs, devFd: devFd, ps: gofuse.NewProtocolServer(raw, opts), offThread: fs.layersOnFUSE}
 	pages := (opts.MaxWrite-1)/os.Getpagesize() + 1
 	t.payload = max(pages*os.Getpagesize(), 8192, opts.MaxWrite)
 	ncpu, err := possibleCPUs()
@@ -153,50 +161,61 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 		unix.Close(devFd)
 		return nil, fmt.Errorf("%w: %v", errURingStuck, err)
 	}
-	// Every queue makes its ring on its own thread, then all register:
-	// the kernel uses the rings only once every queue has an entry, and
-	// a registration that fails turns io_uring off for the connection.
+	// Every queue gets its CPU's ring thread and its buffers, then all
+	// register: the kernel uses the rings only once every queue has an
+	// entry, and a registration that fails turns io_uring off for the
+	// connection.
 	t.nqueues = ncpu
-	made := make(chan error, ncpu)
-	register := make(chan bool)
-	registered := make(chan error, ncpu)
-	for qid := range ncpu {
-		q := &uringQueue{t: t, qid: qid, wake: -1}
-		t.queues = append(t.queues, q)
-		t.wg.Add(1)
-		go q.run(made, register, registered)
-	}
 	var failed error
-	for range ncpu {
-		if err := <-made; err != nil && failed == nil {
-			failed = err
+	var some *ringThread // a ring to turn io_uring off with
+	for qid := range ncpu {
+		th, err := ringThreadFor(qid)
+		if uringFault == "all" || uringFault == "setup" && qid == ncpu-1 {
+			th, err = nil, errors.New("io_uring: ring setup failed (SBXFS_URING_FAULT)")
+		}
+		if err != nil {
+			failed = cmp.Or(failed, err)
+			continue
+		}
+		some = cmp.Or(some, th)
+		if failed == nil {
+			q, err := t.newQueue(qid, th)
+			if err != nil {
+				failed = err
+				continue
+			}
+			t.queues = append(t.queues, q)
 		}
 	}
 	if failed == nil {
 		failed = t.init(srv.KernelSettings())
 	}
 	if failed != nil {
-		close(register) // false: each queue with a ring turns io_uring off and stops
-		t.wg.Wait()
+		for _, q := range t.queues {
+			q.free()
+		}
 		defer unix.Close(devFd)
-		if rings := len(t.queues) - countFailed(t.queues); rings == 0 {
-			// No queue turned io_uring off: a ring of our own does.
-			if err := refuseOnOwnRing(devFd); err != nil {
-				return nil, fmt.Errorf("%w: %v; %v", errURingStuck, failed, err)
-			}
+		var err error
+		if some != nil {
+			some.do(func() { err = some.refuse(devFd) })
+		} else {
+			err = refuseOnOwnRing(devFd)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v; %v", errURingStuck, failed, err)
 		}
 		return nil, failed
 	}
-	for range ncpu {
-		register <- true
+	registered := make(chan error, ncpu)
+	for _, q := range t.queues {
+		t.wg.Add(1)
+		q.th.post(func() { registered <- q.register() })
 	}
-	for range ncpu {
-		if err := <-registered; err != nil && failed == nil {
-			failed = err
-		}
+	for range t.queues {
+		failed = cmp.Or(failed, <-registered)
 	}
 	if failed != nil {
-		return t, failed // the kernel serves through /dev/fuse; queues stop at unmount
+		return t, failed // the kernel serves through /dev/fuse; queues end at unmount
 	}
 	t.active = true
 	return t, nil
@@ -206,16 +225,6 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 // register or to turn it off with: the kernel holds every request of the
 // mount, which must be unmounted.
 var errURingStuck = errors.New("io_uring negotiated but unusable")
-
-func countFailed(qs []*uringQueue) int {
-	n := 0
-	for _, q := range qs {
-		if q.r == nil {
-			n++
-		}
-	}
-	return n
-}
 
 // init hands the kernel's INIT to the ProtocolServer, which negotiates as
 // the mount's server did (same options, same flags).
@@ -231,8 +240,8 @@ func (t *uringTransport) init(k *gofuse.InitIn) error {
 	return nil
 }
 
-// wait waits for every queue's thread to end (they end when the kernel
-// tears the rings down at unmount).
+// wait waits for every queue to end (they end when the kernel tears the
+// rings down at unmount and has given every entry back).
 func (t *uringTransport) wait(d time.Duration) bool {
 	done := make(chan struct{})
 	go func() { t.wg.Wait(); close(done) }()
@@ -245,54 +254,19 @@ func (t *uringTransport) wait(d time.Duration) bool {
 	}
 }
 
-// run is a queue's thread: it makes the ring, registers the entries when
-// told, then answers requests until the kernel takes the entries back.
-func (q *uringQueue) run(made chan<- error, register <-chan bool, registered chan<- error) {
-	defer q.t.wg.Done()
-	runtime.LockOSThread() // the ring belongs to this thread; never unlocked
-	var set unix.CPUSet
-	set.Set(q.qid)
-	_ = unix.SchedSetaffinity(0, &set) // an offline CPU: run anywhere
-	err := q.setup()
-	made <- err
-	if err != nil {
-		return
-	}
-	defer q.close()
-	if !<-register {
-		q.disable()
-		return
-	}
-	err = q.registerAll()
-	registered <- err
-	if err != nil {
-		return
-	}
-	q.loop()
-}
-
-func (q *uringQueue) setup() error {
-	if uringFault == "all" || uringFault == "setup" && q.qid == q.t.nqueues-1 {
-		return errors.New("io_uring: ring setup failed (SBXFS_URING_FAULT)")
-	}
-	r, err := newRing(2 * uringEntries)
-	if err != nil {
-		return err
-	}
-	q.r = r
+// newQueue maps the buffers of the queue of CPU qid.
+func (t *uringTransport) newQueue(qid int, th *ringThread) (*uringQueue, error) {
 	hdrPage := os.Getpagesize()
-	per := hdrPage + q.t.payload
-	mem, err := unix.Mmap(-1, 0, uringEntries*per+hdrPage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	per := hdrPage + t.payload
+	mem, err := unix.Mmap(-1, 0, uringEntries*per, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		r.close()
-		q.r = nil
-		return fmt.Errorf("io_uring: buffers: %w", err)
+		return nil, fmt.Errorf("io_uring: buffers: %w", err)
 	}
-	q.mem = mem
-	q.ents = make([]uringEnt, uringEntries)
+	q := &uringQueue{t: t, qid: qid, th: th, mem: mem, ents: make([]uringEnt, uringEntries)}
 	for i := range q.ents {
 		e := &q.ents[i]
 		base := i * per
+		e.q = q
 		e.hdr = mem[base : base+uringHeaderSize]
 		e.payload = mem[base+hdrPage : base+per]
 		e.iov[0] = unix.Iovec{Base: &e.hdr[0]}
@@ -300,33 +274,26 @@ func (q *uringQueue) setup() error {
 		e.iov[1] = unix.Iovec{Base: &e.payload[0]}
 		e.iov[1].SetLen(len(e.payload))
 	}
-	q.wakeB = mem[uringEntries*per : uringEntries*per+8]
-	q.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if err != nil {
-		q.close()
-		q.r = nil
-		return fmt.Errorf("io_uring: eventfd: %w", err)
-	}
-	return nil
+	return q, nil
 }
 
-func (q *uringQueue) close() {
-	if q.wake >= 0 {
-		unix.Close(q.wake)
-	}
+func (q *uringQueue) free() {
 	if q.mem != nil {
 		unix.Munmap(q.mem)
+		q.mem = nil
 	}
-	q.r.close()
 }
 
-// disable makes the kernel give up io_uring for the connection: a
-// registration it refuses (a queue that does not exist) does that.
-func (q *uringQueue) disable() {
-	refuse(q.r, q.t.devFd)
-}
-
-func refuse(r *ring, devFd int) error {
+// refuseOnOwnRing turns io_uring off for the connection when no ring
+// thread could be made to do it with.
+func refuseOnOwnRing(devFd int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r, err := newRing(2, 0)
+	if err != nil {
+		return err
+	}
+	defer r.close()
 	var iov [2]unix.Iovec // not read: the queue number is checked first
 	s := r.sqe()
 	putUringCmd(s, devFd, fuseIOUringCmdRegister, &iov[0], 2, 0)
@@ -338,134 +305,83 @@ func refuse(r *ring, devFd int) error {
 	return nil
 }
 
-// refuseOnOwnRing turns io_uring off for the connection when no queue
-// made a ring to do it with.
-func refuseOnOwnRing(devFd int) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	r, err := newRing(2)
-	if err != nil {
-		return err
-	}
-	defer r.close()
-	return refuse(r, devFd)
-}
-
-// registerAll hands the queue's entries to the kernel. The kernel answers a
-// registration only when it sends the entry a request, so a refusal shows
-// now and success later, as a request. It fails when no entry was taken;
-// a queue that has some serves with those.
-func (q *uringQueue) registerAll() error {
+// register hands the queue's entries to the kernel, on the ring thread.
+// The kernel answers a registration only when it sends the entry a
+// request, so a refusal shows now and success later, as a request. It
+// fails when no entry was taken; a queue that has some serves with those.
+func (q *uringQueue) register() error {
 	qid := uint16(q.qid)
 	if uringFault == "register" && q.qid == q.t.nqueues-1 {
 		qid = 0xffff // a queue the kernel does not have
 	}
-	for i := range q.ents {
-		q.submit(i, fuseIOUringCmdRegister, 0, qid)
-	}
-	q.armWake()
-	if err := q.r.enter(0); err != nil {
-		return err
-	}
-	var refused error
 	q.live = len(q.ents)
-	q.r.completions(func(ud uint64, res int32) {
-		if ud != wakeUserData && res < 0 {
-			q.live--
-			refused = fmt.Errorf("io_uring: register queue %d: %w", q.qid, syscall.Errno(-res))
-			return
-		}
-		q.pending = append(q.pending, completion{ud, res})
-	})
+	q.th.queues[q] = struct{}{}
+	for i := range q.ents {
+		e := &q.ents[i]
+		e.ud = q.th.add(e)
+		q.submit(e, fuseIOUringCmdRegister, 0, qid)
+	}
+	err := q.th.r.enter(0)
+	q.th.r.completions(q.th.handle) // refusals, and other mounts' requests
+	if q.refused != nil && q.live == 0 {
+		return fmt.Errorf("io_uring: register queue %d: %w", q.qid, q.refused)
+	}
+	return err
+}
+
+// entryGone takes note of an entry the kernel gave back (res < 0): refused
+// at registration, or the connection is gone. The queue ends with its last
+// entry. On the ring thread.
+func (q *uringQueue) entryGone(res int32) {
+	q.live--
+	q.refused = cmp.Or(q.refused, error(syscall.Errno(-res)))
 	if q.live == 0 {
-		return refused
+		delete(q.th.queues, q)
+		for i := range q.ents {
+			if q.ents[i].dirty {
+				q.th.dirty.Add(-1)
+			}
+		}
+		q.free()
+		q.t.wg.Done()
 	}
-	return nil
 }
 
-type completion struct {
-	ud  uint64
-	res int32
-}
-
-func (q *uringQueue) submit(i int, cmd uint32, commitID uint64, qid uint16) {
-	s := q.r.sqe()
-	for s == nil { // cannot happen: the ring has a slot for every entry
-		_ = q.r.enter(0)
-		s = q.r.sqe()
-	}
-	putUringCmd(s, q.t.devFd, cmd, &q.ents[i].iov[0], 2, uint64(i))
+func (q *uringQueue) submit(e *uringEnt, cmd uint32, commitID uint64, qid uint16) {
+	s := q.th.sqe()
+	putUringCmd(s, q.t.devFd, cmd, &e.iov[0], 2, e.ud)
 	binary.LittleEndian.PutUint64(s[48+8:], commitID)
 	binary.LittleEndian.PutUint16(s[48+16:], qid)
 }
 
-func (q *uringQueue) armWake() {
-	putRead(q.r.sqe(), q.wake, q.wakeB, wakeUserData)
-}
-
-// loop answers requests until every entry has come back with an error
-// (the connection is gone).
-func (q *uringQueue) loop() {
-	handle := func(ud uint64, res int32) {
-		if ud == wakeUserData {
-			q.mu.Lock()
-			done := q.done
-			q.done = nil
-			q.mu.Unlock()
-			for _, i := range done {
-				q.commit(i)
-			}
-			if res >= 0 {
-				q.armWake()
-			}
-			return
-		}
-		if res < 0 {
-			q.live--
-			return
-		}
-		q.serve(int(ud))
-	}
-	for _, c := range q.pending {
-		handle(c.ud, c.res)
-	}
-	q.pending = nil
-	for q.live > 0 {
-		if err := q.r.enter(1); err != nil {
-			return
-		}
-		q.r.completions(handle)
-	}
-}
-
-// serve answers the request in entry i on this thread, or on a goroutine
-// when it may take long or wait: then the queue's other requests go on
+// serve answers the request in e on the ring thread, or on a goroutine
+// when it may take long or wait: then the thread's other requests go on
 // meanwhile (mayWait).
-func (q *uringQueue) serve(i int) {
-	if !q.mayWait(i) {
-		q.answer(i)
-		q.commit(i)
+func (q *uringQueue) serve(e *uringEnt) {
+	if !q.mayWait(e) {
+		q.answer(e)
+		q.commit(e)
 		return
 	}
+	e.busy = true
 	go func() {
-		q.answer(i)
-		q.mu.Lock()
-		q.done = append(q.done, i)
-		q.mu.Unlock()
-		var one [8]byte
-		binary.LittleEndian.PutUint64(one[:], 1)
-		_, _ = unix.Write(q.wake, one[:])
+		q.answer(e)
+		q.th.post(func() { q.commit(e) })
 	}()
 }
 
-// mayWait tells the requests answered off the queue's thread: every one
-// while a commit has the sandbox frozen (a mutating request waits at the
-// gate, and must not hold up the RELEASE the freeze waits for); large
-// READs, which wait for the disk when they read an original file (the
-// kernel's readahead sends several at once, and they must reach the disk
-// together, as on /dev/fuse); and FSYNC, which waits for the disk.
-func (q *uringQueue) mayWait(i int) bool {
-	h := q.ents[i].hdr
+// mayWait tells the requests answered off the ring thread: every one of a
+// mount whose layers are on FUSE (offThread); every one while a commit has
+// the sandbox frozen (a mutating request waits at the gate, and must not
+// hold up the RELEASE the freeze waits for); large READs, which wait for
+// the disk when they read an original file (the kernel's readahead sends
+// several at once, and they must reach the disk together, as on
+// /dev/fuse); and FSYNC, which waits for the disk.
+func (q *uringQueue) mayWait(e *uringEnt) bool {
+	if q.t.offThread {
+		return true
+	}
+	h := e.hdr
 	switch binary.LittleEndian.Uint32(h[4:]) {
 	case opRead:
 		if binary.LittleEndian.Uint32(h[uringOpIn+16:]) >= asyncReadSize { // fuse_read_in.size
@@ -481,17 +397,22 @@ func (q *uringQueue) mayWait(i int) bool {
 	return true
 }
 
-func (q *uringQueue) commit(i int) {
-	e := &q.ents[i]
-	q.submit(i, fuseIOUringCmdCommitAndFetch, binary.LittleEndian.Uint64(e.hdr[uringCommitID:]), uint16(q.qid))
+func (q *uringQueue) commit(e *uringEnt) {
+	e.busy = false
+	if e.used > os.Getpagesize() {
+		if !e.dirty {
+			q.th.dirty.Add(1)
+		}
+		e.dirty, e.recent = true, true
+	}
+	q.submit(e, fuseIOUringCmdCommitAndFetch, binary.LittleEndian.Uint64(e.hdr[uringCommitID:]), uint16(q.qid))
 }
 
-// answer turns the request in entry i into the classic byte stream (in
+// answer turns the request in entry e into the classic byte stream (in
 // header, operation header, payload), has the ProtocolServer run it, and
 // leaves the reply as the kernel wants it: the out header in the entry's
 // header, everything after it in the payload.
-func (q *uringQueue) answer(i int) {
-	e := &q.ents[i]
+func (q *uringQueue) answer(e *uringEnt) {
 	h := e.hdr
 	length := int(binary.LittleEndian.Uint32(h[0:]))
 	opcode := binary.LittleEndian.Uint32(h[4:])
@@ -502,6 +423,7 @@ func (q *uringQueue) answer(i int) {
 		q.replyErr(e, unique, syscall.EIO)
 		return
 	}
+	e.used = psz
 	payload := e.payload[:psz]
 	if opcode != opWrite && psz > 0 {
 		// Names and xattr values: copied, as replies are written into
@@ -520,6 +442,7 @@ func (q *uringQueue) answer(i int) {
 		return
 	}
 	binary.LittleEndian.PutUint32(h[uringPayloadSz:], uint32(n-outHeaderSize))
+	e.used = max(e.used, n-outHeaderSize)
 	q.t.served.Add(1)
 }
 

@@ -2,13 +2,17 @@ package tests
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -183,4 +187,95 @@ func TestIOUringFallsBack(t *testing.T) {
 			assert.Zero(t, served, "requests answered through io_uring")
 		})
 	}
+}
+
+// TestIOUringGivesBackBuffers: the payload buffer of a ring entry that
+// answered a large READ holds that much memory resident; the server gives
+// it back once the entry has been idle a few seconds (fuse/uring_pool.go,
+// trim), so a process serving many mounts does not keep megabytes per
+// mount and CPU after a read.
+func TestIOUringGivesBackBuffers(t *testing.T) {
+	setURing(t, true)
+	orig := newOrig(t, nil)
+	ncpu := runtime.NumCPU()
+	for c := range ncpu {
+		require.NoError(t, os.WriteFile(filepath.Join(orig, "big"+strconv.Itoa(c)), bytes.Repeat([]byte{byte(c + 1)}, 16<<20), 0o644))
+	}
+	sb := mountSandbox(t, orig)
+	require.Contains(t, sb.log.String(), "transport=io_uring")
+	cmd, _ := sb.running()
+	require.NotNil(t, cmd)
+	pid := cmd.Process.Pid
+	_, err := os.Stat(sb.path("big0"))
+	require.NoError(t, err)
+	before := rssAnonKB(t, pid)
+
+	// Each file read from its own CPU: the kernel's readahead sends
+	// READs of up to 1 MiB to the queue of the CPU the reader runs on.
+	for c := range ncpu {
+		readOnCPU(t, c, sb.path("big"+strconv.Itoa(c)))
+	}
+	after := rssAnonKB(t, pid)
+	t.Logf("server RssAnon: %d KiB before the reads, %d KiB after", before, after)
+	require.Greater(t, after-before, int64(1024), "large READs answered through the rings leave their buffers resident")
+
+	// Given back: at least three quarters of what the reads took (the
+	// Go heap may have grown a little meanwhile).
+	var last int64
+	assert.Eventually(t, func() bool {
+		last = rssAnonKB(t, pid)
+		return last-before < (after-before)/4
+	}, 20*time.Second, 250*time.Millisecond, "the entries' buffers are given back once idle")
+	t.Logf("server RssAnon after the entries were idle: %d KiB", last)
+}
+
+// readOnCPU reads the file at p to the end from a thread pinned to cpu.
+func readOnCPU(t *testing.T, cpu int, p string) {
+	t.Helper()
+	done := make(chan error)
+	go func() {
+		// The thread is put back as it was, not ended: the server may
+		// have been started from it, and its parent-death signal
+		// (Pdeathsig) follows the thread, not the process.
+		runtime.LockOSThread()
+		var old unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &old); err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer func() {
+			if unix.SchedSetaffinity(0, &old) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			done <- err
+			return
+		}
+		b, err := os.ReadFile(p)
+		if err == nil && len(b) == 0 {
+			err = errors.New("empty")
+		}
+		done <- err
+	}()
+	require.NoError(t, <-done, "read %s on CPU %d", p, cpu)
+}
+
+// rssAnonKB is the resident anonymous memory of process pid, in KiB.
+func rssAnonKB(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "RssAnon:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			require.NoError(t, err)
+			return kb
+		}
+	}
+	t.Fatalf("no RssAnon in /proc/%d/status", pid)
+	return 0
 }

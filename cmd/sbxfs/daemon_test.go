@@ -1,11 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -377,4 +381,75 @@ func (e *managedEnv) transport(id string) string {
 	}
 	require.NotEmpty(e.t, got, "no \"sandbox mounted\" line for %s in the daemon's log", id)
 	return got
+}
+
+// Through io_uring, a daemon's mounts share one ring thread a CPU
+// (fuse/uring_pool.go): eight sandboxes, six made at once, two nested (the child's
+// server reads the parent's mount, whose requests from that CPU the same
+// thread serves), leave the daemon with as many ring threads as the
+// machine has CPUs, and every mount answers. Runs where the kernel's
+// enable_uring switch is on (scripts/test's second pass).
+func TestDaemonSharesRingThreads(t *testing.T) {
+	t.Parallel()
+	if b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring"); err != nil || strings.TrimSpace(string(b)) != "Y" {
+		t.Skip("FUSE over io_uring is off: scripts/test runs this with it on")
+	}
+	e := newManagedEnv(t)
+	n := e.nested()
+	n.assertAllNew(t, n.b.Mountpoint)
+	// Six more made at once: their queues register on the shared
+	// threads while the others serve.
+	others := make([]manager.SandboxInfo, 6)
+	origs := make([]string, len(others))
+	for i := range origs {
+		origs[i] = e.original("x" + strconv.Itoa(i))
+	}
+	var wg sync.WaitGroup
+	for i := range others {
+		wg.Go(func() {
+			r := e.sbxfs("create", "--json", origs[i])
+			if assert.Equal(t, 0, r.code, r.stderr) {
+				assert.NoError(t, json.Unmarshal([]byte(r.stdout), &others[i]), r.stdout)
+			}
+		})
+	}
+	wg.Wait()
+	require.False(t, t.Failed())
+	for _, sb := range append(others, n.a, n.b) {
+		assert.Equal(t, "io_uring", e.transport(sb.ID), sb.ID)
+	}
+	for _, sb := range others {
+		writeFile(t, filepath.Join(sb.Mountpoint, "new"), sb.ID)
+		assertFile(t, filepath.Join(sb.Mountpoint, "new"), sb.ID)
+		assertFile(t, filepath.Join(sb.Mountpoint, "a.txt"), "hello\n")
+	}
+	n.assertAllNew(t, n.b.Mountpoint)
+
+	rings := map[string]int{}
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/comm", e.daemonPid()))
+	require.NoError(t, err)
+	for _, f := range tasks {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), "sbxfs-ring") {
+			rings[strings.TrimSpace(string(b))]++
+		}
+	}
+	cpus := possibleCPUs(t)
+	assert.Len(t, rings, cpus, "one ring thread a CPU: %v", rings)
+	for name, k := range rings {
+		assert.Equal(t, 1, k, "threads named %s", name)
+	}
+}
+
+// possibleCPUs counts the kernel's possible CPUs (one FUSE queue each).
+func possibleCPUs(t *testing.T) int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	require.NoError(t, err)
+	last := 0
+	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		_, hi, _ := strings.Cut(part, "-")
+		n, err := strconv.Atoi(cmp.Or(hi, part))
+		require.NoError(t, err)
+		last = max(last, n)
+	}
+	return last + 1
 }

@@ -395,19 +395,22 @@ func (e *env) memoryDaemon(t *target) error {
 	if err != nil {
 		return err
 	}
-	// Every sandbox through io_uring holds at least one ring (one a CPU);
-	// through /dev/fuse, none.
-	rings, err := uringRings(pid)
+	// The daemon logs each sandbox's transport as it mounts it.
+	mounted, err := daemonTransports(state)
 	if err != nil {
 		return err
 	}
-	if t.uring && rings < e.sz.idleSandboxes {
-		return fmt.Errorf("%s is not what it claims to measure: the daemon holds %d io_uring instances for %d sandboxes: its sandboxes do not all use io_uring (%s)",
-			t.name, rings, e.sz.idleSandboxes, uringParamNow())
+	want := "/dev/fuse"
+	if t.uring {
+		want = "io_uring"
 	}
-	if !t.uring && rings > 0 {
-		return fmt.Errorf("%s is not what it claims to measure: the daemon holds %d io_uring instances: its sandboxes use io_uring (%s)",
-			t.name, rings, uringParamNow())
+	if mounted[want] != e.sz.idleSandboxes {
+		return fmt.Errorf("%s is not what it claims to measure: the daemon mounted %v for %d sandboxes (%s)",
+			t.name, mounted, e.sz.idleSandboxes, uringParamNow())
+	}
+	rings, err := uringRings(pid)
+	if err != nil {
+		return err
 	}
 	e.logf("-- memory: the %s daemon holds %d io_uring instances for %d sandboxes", t.name, rings, e.sz.idleSandboxes)
 	e.res.add("memory", "daemon.idle", t.name, idle)

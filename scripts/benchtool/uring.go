@@ -192,6 +192,27 @@ func serverTransport(path string, start int64) (string, error) {
 	return got, nil
 }
 
+// daemonTransports counts the daemon's "sandbox mounted" log lines of
+// state root by transport.
+func daemonTransports(state string) (map[string]int, error) {
+	b, err := os.ReadFile(filepath.Join(state, "daemon.log"))
+	if err != nil {
+		return nil, fmt.Errorf("daemon log: %w", err)
+	}
+	n := map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `msg="sandbox mounted"`) {
+			continue
+		}
+		for _, field := range strings.Fields(l) {
+			if v, ok := strings.CutPrefix(field, "transport="); ok {
+				n[strings.Trim(v, `"`)]++
+			}
+		}
+	}
+	return n, nil
+}
+
 // uringRings counts the io_uring instances a process holds open.
 func uringRings(pid int) (int, error) {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
