@@ -15,19 +15,25 @@ const (
 	cfrChunk = 1 << 30
 	// bufSize is the buffer of the pread/pwrite fallback.
 	bufSize = 1 << 20
+	// smallFile is the largest file copied as one range: the clone
+	// attempt and the extent walk would cost more system calls than
+	// they save (a copy-up of a small file takes about twenty).
+	smallFile = 64 << 10
 )
 
 // CopyData copies the whole content of the regular file open as src into dst,
 // which must be a freshly created, empty regular file opened for writing
 // without O_APPEND (pwrite ignores the offset on an O_APPEND fd).
 //
-// It first tries FICLONE, which shares the extents on filesystems that can
-// (btrfs, xfs with reflink). Otherwise it walks the data extents of src with
-// SEEK_DATA/SEEK_HOLE and copies each one with copy_file_range, falling back
-// to pread/pwrite when the kernel or the filesystem pair cannot; holes are
-// left as holes. dst is finally truncated to the size of src so a trailing
-// hole keeps the right size. If src shrinks during the copy, dst ends where
-// src ended.
+// A file of at most 64 KiB is copied as one range with copy_file_range
+// (a hole in it, which such a file rarely has, becomes zeros in dst).
+// A larger one is first tried with FICLONE, which shares the extents on
+// filesystems that can (btrfs, xfs with reflink). Otherwise CopyData walks
+// the data extents of src with SEEK_DATA/SEEK_HOLE and copies each one with
+// copy_file_range, falling back to pread/pwrite when the kernel or the
+// filesystem pair cannot; holes are left as holes. dst is finally truncated
+// to the size of src so a trailing hole keeps the right size. If src shrinks
+// during the copy, dst ends where src ended.
 //
 // src must be a regular file: CopyData refuses anything else with EINVAL
 // before reading, so it never blocks on a FIFO. The file offset of src is
@@ -40,6 +46,12 @@ func CopyData(dst, src int) error {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fmt.Errorf("copy data: source mode %#o is not a regular file: %w", st.Mode, unix.EINVAL)
+	}
+	if st.Size <= smallFile {
+		// dst ends where the copy ended: at st.Size, or where src
+		// ended if it shrank.
+		_, err := (&copier{dst: dst, src: src}).copyRange(0, st.Size)
+		return err
 	}
 	// Any FICLONE failure (EXDEV, EOPNOTSUPP, EINVAL, ENOTTY, EBADF...) means
 	// "cannot share extents here"; a real problem shows again below.

@@ -40,6 +40,9 @@ var copyCases = []struct {
 }{
 	{name: "empty", spec: sparseSpec{}},
 	{name: "small", spec: sparseSpec{size: 11, chunks: map[int64][]byte{0: []byte("hello world")}}},
+	// Copied as one range: the holes come out as zeros, the size right.
+	{name: "small with holes", spec: sparseSpec{size: 64 * kib, chunks: map[int64][]byte{100: pattern(50, 6), 40 * kib: pattern(300, 8)}}},
+	{name: "small with trailing hole", spec: sparseSpec{size: 60 * kib, chunks: map[int64][]byte{0: pattern(10, 9)}}},
 	{name: "several buffers", spec: sparseSpec{size: 3*mib + 5, chunks: map[int64][]byte{0: pattern(int(3*mib+5), 7)}}},
 	{
 		name:      "trailing hole",
