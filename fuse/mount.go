@@ -79,7 +79,7 @@ func Mount(cfg Config) (*Server, error) {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough, cookieSeed: maphash.MakeSeed(),
-		layersOnFUSE: onFUSE(append([]string{cfg.Layers.Upper, cfg.Layers.Work}, cfg.Layers.Lowers...)...)}
+		layersMayStall: mayStall(append([]string{cfg.Layers.Upper, cfg.Layers.Work}, cfg.Layers.Lowers...)...)}
 	root, err := fsys.newRoot()
 	if err != nil {
 		l.Close()
@@ -131,12 +131,21 @@ func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofu
 	return srv, uring, nil
 }
 
-// onFUSE reports whether any of dirs is on a FUSE filesystem (or cannot
-// be told).
-func onFUSE(dirs ...string) bool {
+// mayStall reports whether any of dirs is on a filesystem whose calls may
+// wait on something other than a local disk (or cannot be told): FUSE,
+// which may be a mount this very process serves, and network filesystems,
+// whose server may stop answering.
+func mayStall(dirs ...string) bool {
 	for _, d := range dirs {
 		var st unix.Statfs_t
-		if err := unix.Statfs(d, &st); err != nil || st.Type == unix.FUSE_SUPER_MAGIC {
+		if err := unix.Statfs(d, &st); err != nil {
+			return true
+		}
+		switch uint32(st.Type) {
+		case unix.FUSE_SUPER_MAGIC, unix.NFS_SUPER_MAGIC, unix.SMB_SUPER_MAGIC,
+			unix.CIFS_SUPER_MAGIC, unix.SMB2_SUPER_MAGIC, unix.V9FS_MAGIC,
+			unix.CEPH_SUPER_MAGIC, unix.AFS_SUPER_MAGIC, unix.AFS_FS_MAGIC,
+			unix.CODA_SUPER_MAGIC, unix.OCFS2_SUPER_MAGIC:
 			return true
 		}
 	}

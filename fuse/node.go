@@ -29,9 +29,9 @@ type filesystem struct {
 	cookieSeed  maphash.Seed // for directory offsets (cookie)
 	replies     replies
 	umasks      umasks
-	// layersOnFUSE: a layer's directory is on a FUSE filesystem, maybe
-	// a mount this process serves (uringTransport.offThread).
-	layersOnFUSE bool
+	// layersMayStall: a layer's directory is on FUSE (maybe a mount this
+	// process serves) or a network filesystem (uringTransport.offThread).
+	layersMayStall bool
 
 	stop chan struct{}
 	done chan struct{}

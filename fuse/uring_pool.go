@@ -22,7 +22,8 @@ import (
 // A thread answers one request at a time, for whichever mount sent it;
 // requests that may wait are answered on goroutines (uringQueue.mayWait),
 // and so is every request of a mount whose layers are themselves on FUSE,
-// which could be a mount of this very process served by the same thread.
+// which could be a mount of this very process served by the same thread,
+// or on a network filesystem, whose server could stall the thread.
 
 const (
 	// ringSQ is the submission slots of a ring: a batch that fills it is

@@ -139,7 +139,9 @@ type uringTransport struct {
 	active  bool // every queue registered: the kernel uses the rings
 	// offThread answers every request on a goroutine: the layers are on
 	// FUSE, maybe a mount of this process whose requests from this CPU
-	// the same ring thread serves (a sandbox nested in another).
+	// the same ring thread serves (a sandbox nested in another), or on a
+	// network filesystem, whose server may stop answering: the thread
+	// would then hold up every mount's requests from its CPU.
 	offThread bool
 }
 
@@ -153,7 +155,7 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errURingStuck, err)
 	}
-	t := &uringTransport{fs: fs, devFd: devFd, ps: gofuse.NewProtocolServer(raw, opts), offThread: fs.layersOnFUSE}
+	t := &uringTransport{fs: fs, devFd: devFd, ps: gofuse.NewProtocolServer(raw, opts), offThread: fs.layersMayStall}
 	pages := (opts.MaxWrite-1)/os.Getpagesize() + 1
 	t.payload = max(pages*os.Getpagesize(), 8192, opts.MaxWrite)
 	ncpu, err := possibleCPUs()
@@ -371,7 +373,7 @@ func (q *uringQueue) serve(e *uringEnt) {
 }
 
 // mayWait tells the requests answered off the ring thread: every one of a
-// mount whose layers are on FUSE (offThread); every one while a commit has
+// mount whose layers are on FUSE or a network filesystem (offThread); every one while a commit has
 // the sandbox frozen (a mutating request waits at the gate, and must not
 // hold up the RELEASE the freeze waits for); large READs, which wait for
 // the disk when they read an original file (the kernel's readahead sends

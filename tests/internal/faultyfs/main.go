@@ -3,7 +3,8 @@
 // EIO, and of a name that starts with "eacces" with EACCES (rename to or
 // from it, unlink, rmdir, mkdir, create, link, symlink, mknod) while
 // faults are on: a real filesystem with real errors, for the commit tests'
-// original.
+// original. A lookup of a name that starts with "stall" waits while faults
+// are on: a filesystem that stops answering.
 //
 //	faultyfs DIR MOUNTPOINT
 //
@@ -44,6 +45,13 @@ func failing(names ...string) syscall.Errno {
 }
 
 type node struct{ fs.LoopbackNode }
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	for strings.HasPrefix(name, "stall") && faults.Load() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return n.LoopbackNode.Lookup(ctx, name, out)
+}
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if errno := failing(name, newName); errno != 0 {
