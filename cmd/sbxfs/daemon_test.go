@@ -530,7 +530,7 @@ func stallingOriginal(t *testing.T, base string) stalling {
 	writeFile(t, filepath.Join(dir, "a.txt"), "hello\n")
 	writeFile(t, filepath.Join(dir, "stall1"), "s\n")
 	bin := filepath.Join(base, "faultyfs")
-	out, err := exec.Command("go", "build", "-o", bin, "../../tests/internal/faultyfs").CombinedOutput()
+	out, err := exec.Command(goBin(), "build", "-o", bin, "../../tests/internal/faultyfs").CombinedOutput()
 	require.NoError(t, err, "go build faultyfs: %s", out)
 	cmd := exec.Command(bin, dir, mnt)
 	stdout, err := cmd.StdoutPipe()

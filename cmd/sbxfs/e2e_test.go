@@ -43,18 +43,22 @@ func sbxfsBin(t *testing.T) string {
 		if binErr != nil {
 			return
 		}
-		gobin, err := exec.LookPath("go")
-		if err != nil {
-			gobin = "/usr/local/go/bin/go"
-		}
 		binPath = filepath.Join(binDir, "sbxfs")
-		out, err := exec.Command(gobin, "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command(goBin(), "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	})
 	require.NoError(t, binErr)
 	return binPath
+}
+
+// goBin is the go command: on PATH, or where the machine's Go lives.
+func goBin() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
 }
 
 // result is what one run of the binary gave.
