@@ -153,6 +153,9 @@ func (th *ringThread) handle(ud uint64, res int32) {
 	case refuseUserData:
 		return
 	}
+	if ud >= uint64(len(th.ents)) || th.ents[ud] == nil {
+		return // not ours: an entry has one command in the kernel at a time
+	}
 	e := th.ents[ud]
 	if res < 0 {
 		th.ents[ud] = nil
