@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -29,14 +30,21 @@ type managedEnv struct {
 	root string
 }
 
-func newManagedEnv(t *testing.T) *managedEnv {
+func newManagedEnv(t *testing.T, opts ...func(*managedEnv)) *managedEnv {
 	t.Helper()
 	requireFuse(t)
 	base := realTempDir(t)
 	e := &managedEnv{t: t, bin: sbxfsBin(t), base: base, root: filepath.Join(base, "state")}
+	for _, o := range opts {
+		o(e)
+	}
 	t.Cleanup(e.stopDaemon)
 	return e
 }
+
+// withRaceBin runs the env's commands and daemon with the binary built with
+// -race when the tests are (sbxfsRaceBin).
+func withRaceBin(e *managedEnv) { e.bin = sbxfsRaceBin(e.t) }
 
 // sbxfs runs the binary on the env's state root.
 func (e *managedEnv) sbxfs(args ...string) result {
@@ -116,6 +124,9 @@ func (e *managedEnv) kill(sig syscall.Signal) bool {
 // unmounted lazily.
 func (e *managedEnv) stopDaemon() {
 	e.kill(syscall.SIGTERM)
+	if b, err := os.ReadFile(daemonLog(e.root)); err == nil && bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+		e.t.Errorf("the daemon reported a data race:\n%s", b)
+	}
 	es, err := readMountinfo()
 	require.NoError(e.t, err)
 	for _, m := range es {

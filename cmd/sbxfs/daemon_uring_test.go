@@ -34,7 +34,7 @@ func TestDaemonSharesRingThreads(t *testing.T) {
 	if b, err := os.ReadFile("/sys/module/fuse/parameters/enable_uring"); err != nil || strings.TrimSpace(string(b)) != "Y" {
 		t.Skip("FUSE over io_uring is off: scripts/test runs this with it on")
 	}
-	e := newManagedEnv(t)
+	e := newManagedEnv(t, withRaceBin)
 	n := e.nested()
 	n.assertAllNew(t, n.b.Mountpoint)
 	// Six more made at once: their queues register on the shared
@@ -102,7 +102,7 @@ func possibleCPUs(t *testing.T) int {
 // requests are answered off it: fuse/uring_serve.go, offThread).
 func TestDaemonStalledOriginal(t *testing.T) {
 	t.Parallel()
-	e := newManagedEnv(t)
+	e := newManagedEnv(t, withRaceBin)
 	stalled := stallingOriginal(t, e.base)
 	a := e.create(stalled.mnt)
 	b := e.create(e.original("b"))
