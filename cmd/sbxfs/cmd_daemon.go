@@ -37,7 +37,8 @@ kernel offers it (the fuse module's enable_uring is Y), else through
 /dev/fuse; --no-io-uring keeps them on /dev/fuse. The choice holds until
 the daemon stops: a daemon the managed commands start has no
 --no-io-uring, so start it by hand to have it. Each mount's transport is
-in the daemon's log ("sandbox mounted").`,
+in the daemon's log ("sandbox mounted"). Through io_uring every mount is
+served by the same ring threads, one a CPU (sbxfs-ringN).`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process, logging to stderr"},
 			&cli.BoolFlag{Name: "no-io-uring", Usage: "take the kernel's requests for every mount from /dev/fuse even where the kernel offers io_uring (fuse module parameter enable_uring)"},
