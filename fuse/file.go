@@ -106,6 +106,11 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if !h.upper {
 		return 0, syscall.EBADF // lower handles are read-only
 	}
+	if h.n.fs.writeKills(ctx) {
+		if errno := h.dropPrivileges(ctx); errno != 0 {
+			return 0, errno
+		}
+	}
 	n, err := unix.Pwrite(h.fd, data, off)
 	return uint32(n), h.n.fs.toErrno("write", err)
 }

@@ -107,7 +107,7 @@ func Mount(cfg Config) (*Server, error) {
 // for the directory handles and umasks passed on: rawFS) and returns once
 // the mount is live, with its io_uring queues if the kernel took them.
 func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, *uringTransport, error) {
-	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies, umasks: &fs.umasks}
+	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies, umasks: &fs.umasks, kills: &fs.kills}
 	srv, err := gofuse.NewServer(raw, mnt, &opts.MountOptions)
 	if err != nil {
 		return nil, nil, err
@@ -227,8 +227,9 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 			// an entry denying a user was ignored), and setting one
 			// updates the mode, as on ext4.
 			EnableAcl: true,
-			// The kernel leaves the umask to sbxfs (umask.go).
-			ExtraCapabilities: gofuse.CAP_DONT_MASK,
+			// The kernel leaves the umask to sbxfs (umask.go), and
+			// clearing set-user-ID bits on writes (killpriv.go).
+			ExtraCapabilities: gofuse.CAP_DONT_MASK | gofuse.CAP_HANDLE_KILLPRIV_V2,
 		},
 		// go-fuse would turn permission bits 0 into 0644 (0755 for
 		// directories); a mode 0 file must stay mode 0.

@@ -29,6 +29,7 @@ type filesystem struct {
 	cookieSeed  maphash.Seed // for directory offsets (cookie)
 	replies     replies
 	umasks      umasks
+	kills       killWrites
 	// layersMayStall: a layer's directory is on FUSE (maybe a mount this
 	// process serves) or a network filesystem (uringTransport.offThread).
 	layersMayStall bool
@@ -343,22 +344,9 @@ var _ = (fusefs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	defer n.fs.enter()()
-	rel, fd, errno := n.mutableTarget()
-	if h, ok := f.(fileHandle); ok && h.h().upper {
-		fd = h.h().fd
-	} else if errno != 0 {
+	st, errno := n.setattr(ctx, f, in)
+	if errno != 0 {
 		return errno
-	}
-	n.mu.Lock()
-	st, err := n.fs.layers.Setattr(rel, &n.obj, fd, toSetAttr(in), caller(ctx))
-	if err == nil {
-		// What an fstat answers once the object is removed while open:
-		// the kernel may keep these attributes without asking again.
-		n.last, n.lastOK = st, true
-	}
-	n.mu.Unlock()
-	if err != nil {
-		return n.fs.toErrno("setattr", err)
 	}
 	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
 	// The attributes are fresh: the kernel may keep them as long as those
@@ -366,6 +354,39 @@ func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 	// next stat of the object a round trip).
 	out.SetTimeout(n.fs.attrTimeout)
 	return 0
+}
+
+// setattr makes the change in (through f when it is an upper handle) and
+// returns the attributes after it. The caller holds the freeze gate.
+func (n *node) setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn) (unix.Stat_t, syscall.Errno) {
+	rel, fd, errno := n.mutableTarget()
+	if h, ok := f.(fileHandle); ok && h.h().upper {
+		fd = h.h().fd
+	} else if errno != 0 {
+		return unix.Stat_t{}, errno
+	}
+	a := toSetAttr(in)
+	if a.Mode == nil && killsPrivileges(in) && n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		st, err := n.stat(f)
+		if err != nil {
+			return st, n.fs.toErrno("setattr", err)
+		}
+		if m, ok := withoutPrivileges(&st, caller(ctx)); ok {
+			a.Mode = &m
+		}
+	}
+	n.mu.Lock()
+	st, err := n.fs.layers.Setattr(rel, &n.obj, fd, a, caller(ctx))
+	if err == nil {
+		// What an fstat answers once the object is removed while open:
+		// the kernel may keep these attributes without asking again.
+		n.last, n.lastOK = st, true
+	}
+	n.mu.Unlock()
+	if err != nil {
+		return st, n.fs.toErrno("setattr", err)
+	}
+	return st, 0
 }
 
 func toSetAttr(in *gofuse.SetAttrIn) layers.SetAttr {

@@ -404,6 +404,7 @@ type rawFS struct {
 	gofuse.RawFileSystem
 	replies *replies
 	umasks  *umasks
+	kills   *killWrites
 	server  *gofuse.Server
 }
 
