@@ -145,6 +145,12 @@ func (e *env) genData(dir string) error {
 // writeBig writes mib MiB of incompressible data in 1 MiB writes,
 // fsyncing at the end when sync is set.
 func writeBig(path string, mib int, sync bool) error {
+	return writeChunked(path, mib, 1<<20, sync)
+}
+
+// writeChunked writes mib MiB of pseudo-random data to a new file at path
+// in writes of chunk bytes (a divisor of 1 MiB), then fsyncs it if sync.
+func writeChunked(path string, mib, chunk int, sync bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
@@ -159,9 +165,11 @@ func writeBig(path string, mib int, sync bool) error {
 	}
 	for i := 0; i < mib; i++ {
 		buf[0], buf[1] = byte(i), byte(i>>8) // every MiB differs
-		if _, err := f.Write(buf); err != nil {
-			f.Close()
-			return err
+		for off := 0; off < len(buf); off += chunk {
+			if _, err := f.Write(buf[off : off+chunk]); err != nil {
+				f.Close()
+				return err
+			}
 		}
 	}
 	if sync {

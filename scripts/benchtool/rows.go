@@ -25,6 +25,7 @@ func compareRows(sz sizes) []rowSpec {
 		{group: "smallfiles", key: "rm", short: "rm -rf", label: "`rm -rf` of the extracted tree", unit: "s", scale: sec, goal: small},
 		{group: "copyup", key: "append", short: "copy-up", label: fmt.Sprintf("append 1 byte to %s original files", commas(sz.copyupFiles)), unit: "s", scale: sec, goal: vsOverlay(0, true, false)},
 		{group: "data", key: "seqwrite", short: "seq write", label: fmt.Sprintf("sequential write %s MiB + fsync", commas(sz.dataMiB)), unit: "MiB/s", scale: mib, higher: true, goal: data},
+		{group: "data", key: "smallwrite", short: "4K writes", label: fmt.Sprintf("sequential write %s MiB in 4 KiB writes + fsync", commas(sz.smallMiB)), unit: "MiB/s", scale: mib, higher: true, goal: data},
 		{group: "data", key: "readback", short: "read back", label: "cold sequential read of that new file", unit: "MiB/s", scale: mib, higher: true, goal: data},
 		{group: "data", key: "readorig", short: "read original", label: fmt.Sprintf("cold sequential read of a %s MiB original file", commas(sz.dataMiB)), unit: "MiB/s", scale: mib, higher: true, goal: data},
 		{group: "data", key: "randorig", short: "randread original", label: fmt.Sprintf("4 KiB random reads (fio), %d MiB original file, cold", sz.randMiB), unit: "IOPS", scale: one, higher: true, goal: data},

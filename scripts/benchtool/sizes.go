@@ -7,6 +7,7 @@ type sizes struct {
 	tarFiles            int // files in the tarball
 	copyupFiles         int // original files appended to
 	dataMiB             int // sequential write / read
+	smallMiB            int // written in 4 KiB writes
 	randMiB             int // fio random read file
 	randRuntime         int // seconds, upper bound of one fio run
 	gitFiles, gitEdits  int
@@ -25,7 +26,7 @@ func sizesFor(quick bool) sizes {
 			metaFiles: 2000, metaDirs: 50,
 			tarFiles:    500,
 			copyupFiles: 200,
-			dataMiB:     64, randMiB: 32, randRuntime: 2,
+			dataMiB:     64, smallMiB: 16, randMiB: 32, randRuntime: 2,
 			gitFiles: 500, gitEdits: 20,
 			goPkgs: 5, goFiles: 6,
 			lifeN:         []int{1000, 10000},
@@ -39,7 +40,7 @@ func sizesFor(quick bool) sizes {
 		metaFiles: 20000, metaDirs: 500,
 		tarFiles:    5000,
 		copyupFiles: 2000,
-		dataMiB:     1024, randMiB: 256, randRuntime: 5,
+		dataMiB:     1024, smallMiB: 256, randMiB: 256, randRuntime: 5,
 		gitFiles: 5000, gitEdits: 100,
 		goPkgs: 30, goFiles: 10,
 		lifeN:         []int{1000, 10000, 100000},
