@@ -221,6 +221,7 @@ func serveDaemon(root string, c *cli.Context) error {
 	if err := os.Chdir("/"); err != nil {
 		return err
 	}
+	// GOMAXPROCS stays at the CPU count here (see serverProcs).
 	// Catch signals before mounting (see serve).
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)

@@ -64,6 +64,7 @@ func mountFailure(err error, cfg *fuse.Config) error {
 func serve(spec *mountSpec, stdout io.Writer) error {
 	// The kernel sends the modes it wants applied; do not mask them.
 	unix.Umask(0)
+	serverProcs()
 	work := spec.cfg.Layers.Work
 	pid, err := lockPidFile(work)
 	if err != nil {
