@@ -17,7 +17,8 @@ import (
 
 // privilegeCases are the ways a write, truncate or chown clears the
 // set-user-ID and set-group-ID bits of a file on ext4 (or does not): each
-// makes its file in root with its mode, then acts on it. The mount leaves
+// makes its file in root with its mode, then acts on it (util-linux's
+// fallocate, coreutils, sh). The mount leaves
 // this to sbxfs (FUSE_HANDLE_KILLPRIV_V2), and writes that go by
 // passthrough never reach sbxfs.
 var privilegeCases = []struct {
@@ -34,6 +35,10 @@ var privilegeCases = []struct {
 	{"nobody appends through an fd held across chmod u+s", 0o777, false, nobodyAppendAcrossChmod},
 	{"nobody overwrites setuid in place", 0o4777, false, func(t *testing.T, p string) {
 		nobodyRun(t, "dd", "if=/dev/zero", "of="+p, "bs=1", "count=1", "conv=notrunc", "status=none")
+	}},
+	{"nobody fallocates setuid", 0o4777, false, func(t *testing.T, p string) { nobodyRun(t, "fallocate", "-l", "64K", p) }},
+	{"nobody punches a hole in setuid", 0o4777, false, func(t *testing.T, p string) {
+		nobodyRun(t, "fallocate", "--punch-hole", "-o", "0", "-l", "4096", p)
 	}},
 	{"root appends to setuid", 0o4777, false, rootAppend},
 	{"root truncates setuid", 0o4777, false, func(t *testing.T, p string) { require.NoError(t, os.Truncate(p, 1)) }},
