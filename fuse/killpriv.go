@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,10 +34,9 @@ import (
 //     ATTR_KILL_* bits and sends what is left, which is nothing.
 //
 // Which bits go is the server's to decide, as the kernel does for ext4
-// (withoutPrivileges). Capabilities
-// (security.capability) need nothing here: the upper file's own
-// filesystem removes them when the file is written, truncated or chowned,
-// through the server or by passthrough.
+// (withoutPrivileges). Capabilities (security.capability) need nothing
+// here: the upper file's own filesystem removes them when the file is
+// written, truncated or chowned, through the server or by passthrough.
 
 // killsPrivileges reports whether a SETATTR asks the server to clear the
 // set-user-ID and set-group-ID bits (see above).
@@ -72,13 +72,10 @@ func inGroup(c layers.Caller, gid uint32) bool {
 	if err != nil {
 		return false
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	want := strconv.FormatUint(uint64(gid), 10)
+	for line := range strings.Lines(string(b)) {
 		if groups, ok := strings.CutPrefix(line, "Groups:"); ok {
-			for _, g := range strings.Fields(groups) {
-				if g == strconv.FormatUint(uint64(gid), 10) {
-					return true
-				}
-			}
+			return slices.Contains(strings.Fields(groups), want)
 		}
 	}
 	return false
