@@ -59,6 +59,7 @@ type Server struct {
 	invalidate bool       // a Reset left kernel caches to drop at Thaw
 	srv        *gofuse.Server
 	uring      *uringTransport // nil: requests come through /dev/fuse
+	dev        *devLoop        // nil: go-fuse's loop reads /dev/fuse
 	fs         *filesystem
 	layers     *layers.Layers
 	mnt        string
@@ -89,10 +90,10 @@ func Mount(cfg Config) (*Server, error) {
 	// The root reports the upper root's stable inode number like every
 	// other node (go-fuse would report 0).
 	opts.RootStableAttr = &fusefs.StableAttr{Ino: fsys.rootIno, Mode: unix.S_IFDIR}
-	srv, uring, err := fsys.mount(cfg.Mountpoint, root, opts)
+	srv, uring, dev, err := fsys.mount(cfg.Mountpoint, root, opts)
 	if err != nil && opts.DirectMount {
 		opts.DirectMount = false // fall back to fusermount3
-		srv, uring, err = fsys.mount(cfg.Mountpoint, root, opts)
+		srv, uring, dev, err = fsys.mount(cfg.Mountpoint, root, opts)
 	}
 	if err != nil {
 		l.Close()
@@ -100,17 +101,21 @@ func Mount(cfg Config) (*Server, error) {
 	}
 	fsys.startFlusher()
 	raiseReadahead(cfg.Mountpoint)
-	return &Server{srv: srv, uring: uring, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
+	return &Server{srv: srv, uring: uring, dev: dev, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
 }
 
 // mount serves root at mnt (fusefs.Mount, with READDIR replies sized
 // for the directory handles and umasks passed on: rawFS) and returns once
-// the mount is live, with its io_uring queues if the kernel took them.
-func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, *uringTransport, error) {
+// the mount is live, with its io_uring queues if the kernel took them, or
+// else the devLoop that serves /dev/fuse. go-fuse's own loop serves
+// /dev/fuse beside io_uring (FORGET and INTERRUPT come that way), and for
+// layers that may stall (devLoop's readers would wait on them; go-fuse
+// starts a reader for every request that does).
+func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofuse.Server, *uringTransport, *devLoop, error) {
 	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, opts), replies: &fs.replies, umasks: &fs.umasks, kills: &fs.kills}
 	srv, err := gofuse.NewServer(raw, mnt, &opts.MountOptions)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var uring *uringTransport
 	if opts.ExtraCapabilities&gofuse.CAP_OVER_IO_URING != 0 && srv.KernelSettings().Flags64()&gofuse.CAP_OVER_IO_URING != 0 {
@@ -118,17 +123,25 @@ func (fs *filesystem) mount(mnt string, root *node, opts *fusefs.Options) (*gofu
 		if errors.Is(err, errURingStuck) {
 			go srv.Serve()
 			_ = srv.Unmount()
-			return nil, nil, fmt.Errorf("%v; mount with --no-io-uring, or turn the kernel's enable_uring off", err)
+			return nil, nil, nil, fmt.Errorf("%v; mount with --no-io-uring, or turn the kernel's enable_uring off", err)
 		}
 		if err != nil {
 			fs.log.Warn("io_uring refused; requests go through /dev/fuse", "err", err)
 		}
 	}
-	go srv.Serve()
-	if err := srv.WaitMount(); err != nil {
-		return nil, nil, err
+	var dev *devLoop
+	if uring == nil && !fs.layersMayStall {
+		if dev, err = startDevLoop(fs, raw, srv, &opts.MountOptions); err != nil {
+			fs.log.Warn("serving /dev/fuse with go-fuse's loop", "err", err)
+		}
 	}
-	return srv, uring, nil
+	if dev == nil {
+		go srv.Serve()
+	}
+	if err := srv.WaitMount(); err != nil {
+		return nil, nil, nil, err
+	}
+	return srv, uring, dev, nil
 }
 
 // mayStall reports whether any of dirs is on a filesystem whose calls may
@@ -253,6 +266,9 @@ func (fs *filesystem) options(cfg Config) *fusefs.Options {
 // fusermount3 -u), then flushes and closes the journal.
 func (s *Server) Wait() error {
 	s.srv.Wait()
+	if s.dev != nil {
+		s.dev.wait()
+	}
 	if s.uring != nil && !s.uring.wait(10*time.Second) {
 		s.fs.log.Warn("io_uring queues still running after unmount")
 	}

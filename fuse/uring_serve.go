@@ -165,27 +165,34 @@ func (q *uringQueue) serve(e *uringEnt) {
 }
 
 // mayWait tells the requests answered off the ring thread: every one of a
-// mount whose layers are on FUSE or a network filesystem (offThread); every one while a commit has
-// the sandbox frozen (a mutating request waits at the gate, and must not
-// hold up the RELEASE the freeze waits for); large READs, which wait for
-// the disk when they read an original file (the kernel's readahead sends
-// several at once, and they must reach the disk together, as on
-// /dev/fuse); and FSYNC, which waits for the disk.
+// mount whose layers are on FUSE or a network filesystem (offThread), and
+// those the filesystem says may wait (filesystem.mayWait).
 func (q *uringQueue) mayWait(e *uringEnt) bool {
 	if q.t.offThread {
 		return true
 	}
 	h := e.hdr
-	switch binary.LittleEndian.Uint32(h[4:]) {
+	return q.t.fs.mayWait(binary.LittleEndian.Uint32(h[4:]), binary.LittleEndian.Uint32(h[uringOpIn+16:]))
+}
+
+// mayWait tells the requests a transport answers on a goroutine rather
+// than on the thread that took them: every one while a commit has the
+// sandbox frozen (a mutating request waits at the gate, and must not hold
+// up the RELEASE the freeze waits for); large READs, which wait for the
+// disk when they read an original file (the kernel's readahead sends
+// several at once, and they must reach the disk together); and FSYNC,
+// which waits for the disk. readSize is fuse_read_in.size of a READ.
+func (fs *filesystem) mayWait(opcode, readSize uint32) bool {
+	switch opcode {
 	case opRead:
-		if binary.LittleEndian.Uint32(h[uringOpIn+16:]) >= asyncReadSize { // fuse_read_in.size
+		if readSize >= asyncReadSize {
 			return true
 		}
 	case opFsync, opFsyncdir:
 		return true
 	}
-	if q.t.fs.gate.mu.TryRLock() {
-		q.t.fs.gate.mu.RUnlock()
+	if fs.gate.mu.TryRLock() {
+		fs.gate.mu.RUnlock()
 		return false
 	}
 	return true

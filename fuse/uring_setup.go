@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +61,7 @@ var (
 func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, opts *gofuse.MountOptions) (*uringTransport, error) {
 	devFd, err := fuseDevFd(srv)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errURingStuck, err)
+		return nil, fmt.Errorf("%w: io_uring: %v", errURingStuck, err)
 	}
 	t := &uringTransport{fs: fs, devFd: devFd, ps: gofuse.NewProtocolServer(raw, opts), offThread: fs.layersMayStall}
 	pages := (opts.MaxWrite-1)/os.Getpagesize() + 1
@@ -100,7 +98,9 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 		}
 	}
 	if failed == nil {
-		failed = t.init(srv.KernelSettings())
+		if err := initProtocolServer(t.ps, srv.KernelSettings()); err != nil {
+			failed = fmt.Errorf("io_uring: %w", err)
+		}
 	}
 	if failed != nil {
 		for _, q := range t.queues {
@@ -138,16 +138,16 @@ func startURing(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, op
 // mount, which must be unmounted.
 var errURingStuck = errors.New("io_uring negotiated but unusable")
 
-// init hands the kernel's INIT to the ProtocolServer, which negotiates as
-// the mount's server did (same options, same flags).
-func (t *uringTransport) init(k *gofuse.InitIn) error {
+// initProtocolServer hands the kernel's INIT to ps, which negotiates as the
+// mount's server did (same options, same flags).
+func initProtocolServer(ps *gofuse.ProtocolServer, k *gofuse.InitIn) error {
 	in := *k // go-fuse's in structs start with the in header
 	in.InHeader = gofuse.InHeader{Length: uint32(unsafe.Sizeof(in)), Opcode: 26, Unique: 1}
 	req := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))
 	out := make([]byte, 4096)
-	n, st := t.ps.HandleRequest([][]byte{req}, [][]byte{out})
+	n, st := ps.HandleRequest([][]byte{req}, [][]byte{out})
 	if !st.Ok() || n < outHeaderSize || binary.LittleEndian.Uint32(out[4:]) != 0 {
-		return fmt.Errorf("io_uring: INIT: %v, error %d", st, int32(binary.LittleEndian.Uint32(out[4:])))
+		return fmt.Errorf("INIT: %v, error %d", st, int32(binary.LittleEndian.Uint32(out[4:])))
 	}
 	return nil
 }
@@ -225,32 +225,6 @@ func (q *uringQueue) register() error {
 		return fmt.Errorf("io_uring: register queue %d: %w", q.qid, q.refused)
 	}
 	return err
-}
-
-// fuseDevFd returns a duplicate of the /dev/fuse descriptor of srv.
-// go-fuse does not export it; it is read from the Server's fuseFD.conn (a
-// syscall.RawConn) with reflection, and TestIOUringServes fails if a
-// go-fuse upgrade moves it.
-func fuseDevFd(srv *gofuse.Server) (int, error) {
-	v := reflect.ValueOf(srv).Elem().FieldByName("fuseFD")
-	if !v.IsValid() || v.Kind() != reflect.Pointer || v.IsNil() {
-		return -1, errors.New("io_uring: go-fuse's Server has no fuseFD field")
-	}
-	c := v.Elem().FieldByName("conn")
-	if !c.IsValid() || c.Type() != reflect.TypeFor[syscall.RawConn]() {
-		return -1, errors.New("io_uring: go-fuse's fuseFD has no conn field")
-	}
-	conn := *(*syscall.RawConn)(unsafe.Pointer(c.UnsafeAddr()))
-	fd, derr := -1, error(nil)
-	if err := conn.Control(func(raw uintptr) {
-		fd, derr = unix.FcntlInt(raw, unix.F_DUPFD_CLOEXEC, 0)
-	}); err != nil {
-		return -1, err
-	}
-	if derr != nil {
-		return -1, fmt.Errorf("io_uring: dup /dev/fuse: %w", derr)
-	}
-	return fd, nil
 }
 
 // possibleCPUs is the number of the kernel's queues: one per possible CPU.

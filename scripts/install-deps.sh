@@ -3,7 +3,7 @@
 # fuse3 (fusermount3, mount.fuse3), attr, acl, git, fio, fuse-overlayfs, rsync,
 # sqlite3, vim-tiny (the editor tests), gnuplot-nox (the charts of
 # scripts/bench), e2fsprogs and mount (the tests on loop-mounted ext4
-# images), and user_allow_other in
+# images), util-linux (taskset, fsfreeze), and user_allow_other in
 # /etc/fuse.conf (so non-root users may use --allow-other). Idempotent:
 # installs only what is missing, runs apt-get update only when it has to,
 # and says what it did.

@@ -210,6 +210,7 @@ type mountOptions struct {
 	mountedOnly   bool          // start returns once the mount is in mountinfo
 	debug         bool          // the server logs every FUSE request (sb.requests)
 	timeout       time.Duration // the kernel's cache timeouts (stand-in only)
+	stateIn       string        // the directory the sandbox's state dir is made in ("": a temporary one)
 }
 
 type mountOption func(*mountOptions)
@@ -252,6 +253,9 @@ func allowServerErrors() mountOption { return func(o *mountOptions) { o.serverEr
 // mountedOnly makes mountSandbox return as soon as the mount shows up in
 // mountinfo, before the server reports that it serves.
 func mountedOnly() mountOption { return func(o *mountOptions) { o.mountedOnly = true } }
+
+// withStateIn makes the sandbox's state dir (upper/ and work/) in dir.
+func withStateIn(dir string) mountOption { return func(o *mountOptions) { o.stateIn = dir } }
 
 // withDebug makes the server log every FUSE request it receives, for
 // tests of what the kernel asks (sb.requests).
@@ -330,6 +334,12 @@ func mountSandbox(t testing.TB, orig string, opts ...mountOption) *sandbox {
 		o(&sb.opt)
 	}
 	sb.state = t.TempDir()
+	if sb.opt.stateIn != "" {
+		var err error
+		if sb.state, err = os.MkdirTemp(sb.opt.stateIn, "state"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	sb.upper = filepath.Join(sb.state, "upper")
 	sb.work = filepath.Join(sb.state, "work")
 	sb.mnt = filepath.Join(t.TempDir(), "mnt")

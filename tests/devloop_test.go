@@ -1,0 +1,186 @@
+package tests
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of the server's /dev/fuse loop (fuse/devloop.go): one reader
+// answers requests in place, a watchdog adds readers when a request takes
+// long, and buffers that large requests touched are given back.
+
+// TestStalledUpperHoldsUpNothingElse: a request that waits long must not
+// hold up the mount's other requests. The upper layer is on a filesystem
+// that is frozen (fsfreeze, as a disk that stops answering would): a
+// mkdir in directory a through the mount waits at it. Meanwhile a stat, a
+// listing, a lookup of a name not seen yet and reads of original files
+// outside a (the kernel keeps a locked for the mkdir, as on ext4) all
+// answer at once; the mkdir completes once the filesystem thaws.
+func TestStalledUpperHoldsUpNothingElse(t *testing.T) {
+	for _, tool := range []string{"mkfs.ext4", "fsfreeze"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found: install e2fsprogs and util-linux (scripts/install-deps.sh)", tool)
+		}
+	}
+	scratch := scratchExt4(t, 64)
+	orig := newOrig(t, map[string]string{"a/b": "hello", "c": "see", "d/e": "deep"})
+	sb := mountSandbox(t, orig, withNoIOUring(), withStateIn(scratch))
+	_, err := os.Stat(sb.path("c"))
+	require.NoError(t, err)
+
+	freeze(t, scratch)
+	made := make(chan error, 1)
+	go func() { made <- os.Mkdir(sb.path("a", "new"), 0o755) }()
+	select {
+	case err := <-made:
+		t.Fatalf("mkdir into a frozen upper returned at once: %v", err)
+	case <-time.After(300 * time.Millisecond): // the server is in the mkdir now
+	}
+
+	// The other requests, each with a deadline: on the old loop without
+	// a watchdog they would wait for the thaw.
+	answered := make(chan string, 1)
+	start := time.Now()
+	go func() {
+		var got []string
+		if _, err := os.Stat(sb.path("c")); err != nil {
+			got = append(got, "stat: "+err.Error())
+		}
+		if es, err := os.ReadDir(sb.mnt); err == nil {
+			got = append(got, strconv.Itoa(len(es))+" names")
+		}
+		if b, err := os.ReadFile(sb.path("d", "e")); err == nil {
+			got = append(got, string(b))
+		}
+		if b, err := os.ReadFile(sb.path("c")); err == nil {
+			got = append(got, string(b))
+		}
+		answered <- strings.Join(got, ", ")
+	}()
+	select {
+	case got := <-answered:
+		t.Logf("answered in %v while the mkdir waited", time.Since(start))
+		assert.Equal(t, "3 names, deep, see", got)
+	case <-time.After(5 * time.Second):
+		thaw(t, scratch)
+		t.Fatalf("other requests waited for the stalled mkdir (still waiting after 5 s)")
+	}
+	select {
+	case err := <-made:
+		t.Fatalf("mkdir into a frozen upper returned before the thaw: %v", err)
+	default:
+	}
+
+	thaw(t, scratch)
+	select {
+	case err := <-made:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("mkdir still waiting 10 s after the thaw")
+	}
+	st, err := os.Stat(sb.upperPath("a", "new"))
+	require.NoError(t, err, "the mkdir landed in the upper")
+	assert.True(t, st.IsDir())
+	require.NoError(t, sb.stop())
+}
+
+// TestDevLoopGivesBackBuffers: large READs (of original files, which are
+// not passed through) are answered in buffers of their own; once the mount
+// is quiet, the server gives their pages back.
+func TestDevLoopGivesBackBuffers(t *testing.T) {
+	const files = 8
+	orig := newOrig(t, nil)
+	for i := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(orig, "big"+strconv.Itoa(i)), bytes.Repeat([]byte{byte(i + 1)}, 16<<20), 0o644))
+	}
+	sb := mountSandbox(t, orig, withNoIOUring())
+	require.Contains(t, sb.log.String(), "transport=/dev/fuse")
+	cmd, _ := sb.running()
+	require.NotNil(t, cmd)
+	pid := cmd.Process.Pid
+	for i := range files {
+		_, err := os.Stat(sb.path("big" + strconv.Itoa(i)))
+		require.NoError(t, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	before := rssAnonKB(t, pid)
+
+	// Read all at once: the kernel's readahead sends many READs of up to
+	// 1 MiB together, each answered on a goroutine in its own buffer.
+	var wg sync.WaitGroup
+	errs := make([]error, files)
+	for i := range files {
+		wg.Go(func() {
+			b, err := os.ReadFile(sb.path("big" + strconv.Itoa(i)))
+			if err == nil && (len(b) != 16<<20 || b[len(b)-1] != byte(i+1)) {
+				err = fmt.Errorf("big%d: read %d bytes, last %d", i, len(b), b[len(b)-1])
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	peak := rssAnonKB(t, pid)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+
+	// The server keeps up to four buffers, which would hold 1 MiB each;
+	// the rest of what it grew by is threads and the Go heap (~2 MiB).
+	var last int64
+	assert.Eventually(t, func() bool {
+		last = rssAnonKB(t, pid)
+		return last-before < 4096
+	}, 10*time.Second, 100*time.Millisecond, "the buffers of large READs are given back once the mount is quiet")
+	t.Logf("server RssAnon: %d KiB before the reads, %d KiB right after, %d KiB once quiet", before, peak, last)
+}
+
+// scratchExt4 mounts a fresh ext4 filesystem of sizeMiB on a loop device
+// and returns its root; it is unmounted when the test ends.
+func scratchExt4(t *testing.T, sizeMiB int) string {
+	t.Helper()
+	dir := t.TempDir()
+	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
+	require.NoError(t, os.Mkdir(mnt, 0o755))
+	f, err := os.Create(img)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(int64(sizeMiB)<<20))
+	require.NoError(t, f.Close())
+	run := func(name string, args ...string) {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		require.NoError(t, err, "%s %s: %s", name, strings.Join(args, " "), out)
+	}
+	run("mkfs.ext4", "-q", "-F", img)
+	run("mount", "-o", "loop", img, mnt)
+	t.Cleanup(func() {
+		_ = exec.Command("fsfreeze", "-u", mnt).Run()
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+	})
+	return mnt
+}
+
+func freeze(t *testing.T, mnt string) {
+	t.Helper()
+	out, err := exec.Command("fsfreeze", "-f", mnt).CombinedOutput()
+	require.NoError(t, err, "fsfreeze -f: %s", out)
+	t.Cleanup(func() { _ = exec.Command("fsfreeze", "-u", mnt).Run() })
+}
+
+func thaw(t *testing.T, mnt string) {
+	t.Helper()
+	out, err := exec.Command("fsfreeze", "-u", mnt).CombinedOutput()
+	require.NoError(t, err, "fsfreeze -u: %s", out)
+}
