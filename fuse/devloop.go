@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"encoding/binary"
+	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/splice"
 )
 
 // devLoop serves a mount's requests from /dev/fuse in place of go-fuse's
@@ -38,7 +40,7 @@ import (
 // once nothing is slow.
 type devLoop struct {
 	fs      *filesystem
-	raw     gofuse.RawFileSystem
+	raw     *rawFS
 	ps      *gofuse.ProtocolServer
 	fd      int      // our duplicate of the mount's /dev/fuse descriptor
 	goFile  *os.File // go-fuse's, closed when the mount is gone
@@ -50,6 +52,7 @@ type devLoop struct {
 	idle     atomic.Int32  // readers in read(2) or about to be
 	sleeping atomic.Bool   // the watchdog waits for wake
 	wake     chan struct{}
+	spliced  sync.Map // uniques of READs answered by spliceRead
 
 	mu      sync.Mutex
 	readers int            // reader goroutines
@@ -82,7 +85,7 @@ const (
 
 // startDevLoop serves srv's connection, whose INIT go-fuse has answered,
 // with a devLoop. On error nothing was changed and go-fuse's loop can serve.
-func startDevLoop(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, opts *gofuse.MountOptions) (*devLoop, error) {
+func startDevLoop(fs *filesystem, raw *rawFS, srv *gofuse.Server, opts *gofuse.MountOptions) (*devLoop, error) {
 	fd, err := fuseDevFd(srv)
 	if err != nil {
 		return nil, err
@@ -107,6 +110,7 @@ func startDevLoop(fs *filesystem, raw gofuse.RawFileSystem, srv *gofuse.Server, 
 	}
 	l.readers = 1
 	l.sleeping.Store(true) // the first request wakes the watchdog
+	raw.dev = l
 	l.wg.Add(2)
 	go l.read(b)
 	go l.watch()
@@ -205,10 +209,58 @@ func (l *devLoop) answer(b *devBuf, n int) {
 	if m == 0 {
 		return // FORGET and the like have no reply
 	}
+	if binary.LittleEndian.Uint32(b.in[4:]) == opRead {
+		if _, done := l.spliced.LoadAndDelete(binary.LittleEndian.Uint64(b.in[8:])); done {
+			return
+		}
+	}
 	// ENOENT: the request was interrupted and is gone; ENODEV: unmounted.
 	if _, err := unix.Write(l.fd, b.out[:m]); err != nil && err != unix.ENOENT && err != unix.ENODEV {
 		l.fs.log.Error("reply on /dev/fuse", "op", binary.LittleEndian.Uint32(b.in[4:]), "err", err)
 	}
+}
+
+// spliceRead answers READ unique with size bytes of the file fd at off by
+// splice(2), as go-fuse's own loop does: the reply's header into a pipe,
+// the file's data after it, the pipe into /dev/fuse, so the data is not
+// copied through this process (go-fuse's ProtocolServer would read it into
+// the reply buffer: cold reads of original files measured ~15% slower).
+// It reports false, having replied nothing, when it cannot (no pipe, or
+// the file shorter than its size said); the caller then replies by copy.
+func (l *devLoop) spliceRead(unique uint64, fd int, off int64, size int) bool {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return false
+	}
+	n := int(max(0, min(int64(size), st.Size-off)))
+	total := outHeaderSize + n
+	pair, err := splice.Get()
+	if err != nil {
+		return false
+	}
+	defer splice.Done(pair) // empties the pipe
+	if pair.Grow(total+os.Getpagesize()) != nil {
+		return false
+	}
+	var h [outHeaderSize]byte
+	binary.LittleEndian.PutUint32(h[0:], uint32(total))
+	binary.LittleEndian.PutUint64(h[8:], unique)
+	if w, err := pair.Write(h[:]); err != nil || w != len(h) {
+		return false
+	}
+	for got := 0; got < n; {
+		m, err := pair.LoadFromAt(uintptr(fd), n-got, off+int64(got))
+		if err != nil || m <= 0 {
+			return false
+		}
+		got += m
+	}
+	l.spliced.Store(unique, struct{}{})
+	if _, err := pair.WriteTo(uintptr(l.fd), total); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
+		l.spliced.Delete(unique)
+		return false
+	}
+	return true
 }
 
 // leave ends the calling reader if it is not the only one: another one

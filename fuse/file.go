@@ -167,6 +167,18 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 	return uint64(n), h.n.fs.toErrno("lseek", err)
 }
 
+// Read: where devLoop serves the mount, a large read the handle serves
+// from a descriptor is spliced to the kernel here (devLoop.spliceRead),
+// and the ProtocolServer's empty reply to it is not written.
+func (r *rawFS) Read(cancel <-chan struct{}, in *gofuse.ReadIn, buf []byte) (gofuse.ReadResult, gofuse.Status) {
+	res, st := r.RawFileSystem.Read(cancel, in, buf)
+	if fr, ok := res.(*fdReadResult); ok && st.Ok() && r.dev != nil && r.dev.spliceRead(in.Unique, fr.fd, fr.off, fr.sz) {
+		fr.Done()
+		return gofuse.ReadResultData(nil), gofuse.OK
+	}
+	return res, st
+}
+
 // spliceMin is the smallest read served by splice: below it, a copy costs
 // less than the extra descriptor.
 const spliceMin = 64 << 10
@@ -185,9 +197,10 @@ func maxRequest() int {
 	return max(min(1<<20, maxSpliced()&^(os.Getpagesize()-1)), 128<<10)
 }
 
-// fdReadResult is a read served from a descriptor of its own: go-fuse
-// splices it to the kernel where it can (else reads it into its buffer),
-// then calls Done, which closes the descriptor.
+// fdReadResult is a read served from a descriptor of its own: go-fuse's
+// loop, or devLoop through rawFS.Read, splices it to the kernel where it
+// can (else it is read into the reply buffer); then Done closes the
+// descriptor.
 type fdReadResult struct {
 	fd  int
 	off int64

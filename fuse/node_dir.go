@@ -406,6 +406,7 @@ type rawFS struct {
 	umasks  *umasks
 	kills   *killWrites
 	server  *gofuse.Server
+	dev     *devLoop // set before it serves: large reads are spliced (Read)
 }
 
 func (r *rawFS) Init(s *gofuse.Server) {
