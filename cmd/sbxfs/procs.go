@@ -17,7 +17,11 @@ import (
 // its own. Measured on 2 CPUs (getxattr round trip through the mount,
 // interleaved): 66 µs at 2, 50-52 µs at 8; untar of 5,000 files -18%,
 // rm -rf -20%, cold stat of 5,000 files -10 to -20% (a second A/B: -10%,
-// -5%, copy-up -4%). Above 8 nothing more.
+// -5%, copy-up -4%). Above 8 nothing more. That was with go-fuse's loop
+// serving /dev/fuse; sbxfs's own loop (fuse/devloop.go), which serves
+// most mounts now, reads with one thread and gains nothing from it (2 and
+// 8 alike); the mounts go-fuse's loop still serves (layers on FUSE or
+// network filesystems) do.
 //
 // Only `sbxfs mount`'s server does this, not the daemon: go-fuse lets a
 // mount keep up to GOMAXPROCS threads reading /dev/fuse, so at 8 a
