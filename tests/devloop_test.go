@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/fsutil/fsutiltest"
 )
 
 // Tests of the server's /dev/fuse loop (fuse/devloop.go): one reader
@@ -33,7 +35,7 @@ func TestStalledUpperHoldsUpNothingElse(t *testing.T) {
 			t.Fatalf("%s not found: install e2fsprogs and util-linux (scripts/install-deps.sh)", tool)
 		}
 	}
-	scratch := scratchExt4(t, 64)
+	scratch := fsutiltest.MountExt4(t, "rw")
 	orig := newOrig(t, map[string]string{"a/b": "hello", "c": "see", "d/e": "deep"})
 	sb := mountSandbox(t, orig, withNoIOUring(), withStateIn(scratch))
 	_, err := os.Stat(sb.path("c"))
@@ -143,33 +145,6 @@ func TestDevLoopGivesBackBuffers(t *testing.T) {
 		return last-before < 4096
 	}, 10*time.Second, 100*time.Millisecond, "the buffers of large READs are given back once the mount is quiet")
 	t.Logf("server RssAnon: %d KiB before the reads, %d KiB right after, %d KiB once quiet", before, peak, last)
-}
-
-// scratchExt4 mounts a fresh ext4 filesystem of sizeMiB on a loop device
-// and returns its root; it is unmounted when the test ends.
-func scratchExt4(t *testing.T, sizeMiB int) string {
-	t.Helper()
-	dir := t.TempDir()
-	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
-	require.NoError(t, os.Mkdir(mnt, 0o755))
-	f, err := os.Create(img)
-	require.NoError(t, err)
-	require.NoError(t, f.Truncate(int64(sizeMiB)<<20))
-	require.NoError(t, f.Close())
-	run := func(name string, args ...string) {
-		t.Helper()
-		out, err := exec.Command(name, args...).CombinedOutput()
-		require.NoError(t, err, "%s %s: %s", name, strings.Join(args, " "), out)
-	}
-	run("mkfs.ext4", "-q", "-F", img)
-	run("mount", "-o", "loop", img, mnt)
-	t.Cleanup(func() {
-		_ = exec.Command("fsfreeze", "-u", mnt).Run()
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", mnt, err, out)
-		}
-	})
-	return mnt
 }
 
 func freeze(t *testing.T, mnt string) {
