@@ -41,13 +41,12 @@ import (
 // another one waits in read(2) ends, so a mount goes back to one reader
 // once nothing is slow.
 type devLoop struct {
-	fs      *filesystem
-	raw     *rawFS
-	ps      *gofuse.ProtocolServer
-	fd      int      // our duplicate of the mount's /dev/fuse descriptor
-	goFile  *os.File // go-fuse's, closed when the mount is gone
-	inSize  int      // a request buffer: the largest request
-	outSize int      // a reply buffer: the largest reply
+	fs     *filesystem
+	raw    *rawFS
+	ps     *gofuse.ProtocolServer
+	fd     int      // our duplicate of the mount's /dev/fuse descriptor
+	goFile *os.File // go-fuse's, closed when the mount is gone
+	size   int      // a request buffer, and a reply buffer: the largest request or reply
 
 	taken    atomic.Uint64 // requests read
 	finished atomic.Uint64 // requests answered by the readers themselves
@@ -95,7 +94,7 @@ func startDevLoop(fs *filesystem, raw *rawFS, srv *gofuse.Server, opts *gofuse.M
 	page := os.Getpagesize()
 	size := (opts.MaxWrite+devHeadroom+page-1)/page*page + page
 	l := &devLoop{fs: fs, raw: raw, ps: gofuse.NewProtocolServer(raw, opts), fd: fd,
-		inSize: size, outSize: size, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		size: size, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	b, err := l.getBuf()
 	if err == nil {
 		err = initProtocolServer(l.ps, srv.KernelSettings())
@@ -367,11 +366,11 @@ func (l *devLoop) getBufLocked() (*devBuf, error) {
 		l.free = l.free[:n-1]
 		return b, nil
 	}
-	mem, err := unix.Mmap(-1, 0, l.inSize+l.outSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	mem, err := unix.Mmap(-1, 0, 2*l.size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, err
 	}
-	return &devBuf{mem: mem, in: mem[:l.inSize], out: mem[l.inSize:]}, nil
+	return &devBuf{mem: mem, in: mem[:l.size], out: mem[l.size:]}, nil
 }
 
 func (l *devLoop) putBuf(b *devBuf) {
