@@ -66,6 +66,19 @@ func (l *Layers) ensureParents(rel string) error {
 	return nil
 }
 
+// ensureParentsStat is ensureParents that also gives the attributes of
+// rel's upper parent directory: one lstat(2) when it is there already.
+func (l *Layers) ensureParentsStat(rel string, pst *unix.Stat_t) error {
+	parent := l.UpperPath(filepath.Dir(rel))
+	if err := unix.Lstat(parent, pst); err == nil && pst.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil
+	}
+	if err := l.ensureParents(rel); err != nil {
+		return err
+	}
+	return unix.Stat(parent, pst)
+}
+
 // copyUpOne copies the single lower object src to rel in the upper layer.
 func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 	spath := l.LowerPath(src)

@@ -129,7 +129,8 @@ func (l *Layers) newObject(rel string, op Op, path2 string, mode uint32, c Calle
 	if err := l.record(op, rel, path2, mode, c); err != nil {
 		return Entry{}, err
 	}
-	if err := l.ensureParents(rel); err != nil {
+	var pst unix.Stat_t // the upper parent, for settle
+	if err := l.ensureParentsStat(rel, &pst); err != nil {
 		return Entry{}, err
 	}
 	isDir := mode&unix.S_IFMT == unix.S_IFDIR
@@ -138,7 +139,7 @@ func (l *Layers) newObject(rel string, op Op, path2 string, mode uint32, c Calle
 	}
 	upath := l.UpperPath(rel)
 	e := Entry{Obj: Obj{Upper: true}}
-	if err := l.settle(upath, mode, isDir, c, &e.Stat); err != nil {
+	if err := l.settle(upath, &pst, mode, isDir, c, &e.Stat); err != nil {
 		return Entry{}, err
 	}
 	e.Stat.Ino = l.stableIno(e.Stat.Dev, e.Stat.Ino)
@@ -149,13 +150,12 @@ func (l *Layers) newObject(rel string, op Op, path2 string, mode uint32, c Calle
 // gets from the mode asked for, the caller's umask and the default ACL of
 // its parent (newPerms), and returns its attributes. It sets them all
 // itself: the object may have been made elsewhere and moved in (place),
-// and the server's own umask must not apply.
-func (l *Layers) settle(upath string, mode uint32, isDir bool, c Caller, st *unix.Stat_t) error {
+// and the server's own umask must not apply. pst is its upper parent.
+func (l *Layers) settle(upath string, pst *unix.Stat_t, mode uint32, isDir bool, c Caller, st *unix.Stat_t) error {
 	// A setgid directory hands its group down, and to a new directory its
 	// setgid bit too.
 	parent := filepath.Dir(upath)
-	var pst unix.Stat_t
-	setgidParent := unix.Stat(parent, &pst) == nil && pst.Mode&unix.S_ISGID != 0
+	setgidParent := pst.Mode&unix.S_ISGID != 0
 	if l.root {
 		gid := int(c.Gid)
 		if setgidParent {
@@ -193,17 +193,20 @@ func (l *Layers) settle(upath string, mode uint32, isDir bool, c Caller, st *uni
 
 // place makes a new object at rel with mk: directly when the upper name is
 // free, otherwise (a whiteout) under a temporary name and then swapped in,
-// so the whiteout never disappears before its replacement exists.
+// so the whiteout never disappears before its replacement exists. mk must
+// fail with EEXIST where the name is taken (O_EXCL, mkdir, mknod, symlink
+// and link all do): the name is tried first and looked at only then.
 func (l *Layers) place(rel string, isDir bool, mk func(string) error) error {
 	upath := l.UpperPath(rel)
-	var st unix.Stat_t
-	err := unix.Lstat(upath, &st)
-	switch {
-	case err != nil && errors.Is(err, unix.ENOENT):
-		return mk(upath)
-	case err != nil:
+	err := mk(upath)
+	if !errors.Is(err, unix.EEXIST) {
 		return err
-	case !fsutil.IsWhiteout(&st):
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(upath, &st); err != nil {
+		return err
+	}
+	if !fsutil.IsWhiteout(&st) {
 		return unix.EEXIST
 	}
 	tmp := filepath.Join(l.work, fsutil.TempName(".new-"))
