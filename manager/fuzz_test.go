@@ -3,6 +3,7 @@ package manager
 import (
 	"encoding/json"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -57,4 +58,28 @@ func FuzzDecodePlanRecord(f *testing.F) {
 			assert.True(t, validID(x.Sandbox))
 		}
 	})
+}
+
+// The hand-written name checks accept exactly what these patterns do.
+func FuzzNameChecks(f *testing.F) {
+	idPattern := regexp.MustCompile(`^[0-9a-f]{16}$`)
+	planPattern := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+	for _, s := range []string{fuzzID, "0123456789ABCDEF", "0123456789abcde", "0123456789abcdef0", fuzzID + "\n",
+		"p", "plan-1.x_y", ".p", "-p", "_p", "a/b", "..", "", "é", "a b", string(make([]byte, 100)),
+		"a" + string(bytes100("b")), "a" + string(bytes100("b"))[1:]} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		assert.Equal(t, idPattern.MatchString(s), validID(s), "id %q", s)
+		assert.Equal(t, planPattern.MatchString(s), validPlan(s), "plan %q", s)
+	})
+}
+
+// bytes100 is s repeated 100 times.
+func bytes100(s string) []byte {
+	var b []byte
+	for range 100 {
+		b = append(b, s...)
+	}
+	return b
 }

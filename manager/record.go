@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"github.com/sbxfs/sbxfs/fsutil"
@@ -37,17 +36,40 @@ type record struct {
 	Error      string    `json:"error,omitempty"` // why it is errored, or what its last operation left behind
 }
 
-var (
-	idPattern   = regexp.MustCompile(`^[0-9a-f]{16}$`)
-	planPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
-)
+// validID reports whether s has the form of a sandbox id: 16 lower-case
+// hexadecimal digits. (By hand: every sbxfs command pays for a package's
+// compiled regular expressions at start.)
+func validID(s string) bool {
+	if len(s) != 16 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
-// validID reports whether s has the form of a sandbox id.
-func validID(s string) bool { return idPattern.MatchString(s) }
+// validPlan reports whether plan is 1 to 100 letters, digits, '.', '_'
+// or '-', starting with a letter or digit.
+func validPlan(plan string) bool {
+	if len(plan) < 1 || len(plan) > 100 {
+		return false
+	}
+	for i := 0; i < len(plan); i++ {
+		c := plan[i]
+		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // checkPlan refuses a plan name that is not a safe file name.
 func checkPlan(plan string) error {
-	if !planPattern.MatchString(plan) {
+	if !validPlan(plan) {
 		return fmt.Errorf("%w: plan name %q: use 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalid, plan)
 	}
 	return nil
