@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
 work=$(mktemp -d /tmp/sbxfs-demo.XXXXXX)
 bin=$work/sbxfs
-go build -o "$bin" ./cmd/sbxfs
+scripts/build.sh "$bin"
 
 orig=$work/original mnt=$work/mnt sandbox=$work/sandbox
 mkdir -p "$orig/src" "$orig/docs" "$mnt"

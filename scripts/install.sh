@@ -10,7 +10,7 @@
 # Usage: scripts/install.sh [PREFIX]
 # Environment: PREFIX (install prefix), SBIN_DIRS (where the mount helper
 # links go, default "/sbin /usr/sbin"), SKIP_DEPS=1 (do not run
-# install-deps.sh), GO (the go command).
+# install-deps.sh), GO (the go command, for scripts/build.sh).
 set -euo pipefail
 
 say() { printf 'install: %s\n' "$*"; }
@@ -25,18 +25,6 @@ if [[ ${SKIP_DEPS:-0} != 1 ]]; then
 	"$repo/scripts/install-deps.sh"
 fi
 
-go=${GO:-}
-if [[ -z $go ]]; then
-	if command -v go >/dev/null 2>&1; then
-		go=go
-	elif [[ -x /usr/local/go/bin/go ]]; then
-		go=/usr/local/go/bin/go
-	else
-		say "go not found: install Go or set GO=/path/to/go" >&2
-		exit 1
-	fi
-fi
-
 version=dev
 if command -v git >/dev/null 2>&1 && git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
 	version=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo dev)
@@ -46,7 +34,7 @@ mkdir -p "$bindir"
 # Build next to the target and rename: a running sbxfs keeps its binary.
 tmp=$(mktemp "$bindir/.sbxfs.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
-(cd "$repo" && "$go" build -ldflags "-X main.version=$version" -o "$tmp" ./cmd/sbxfs)
+"$repo/scripts/build.sh" "$tmp" "$version"
 chmod 0755 "$tmp"
 mv -f "$tmp" "$bin"
 trap - EXIT
