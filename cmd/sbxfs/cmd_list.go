@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"text/tabwriter"
 
@@ -42,7 +43,8 @@ func runList(c *cli.Context) error {
 			}
 			return printJSON(c.App.Writer, out)
 		}
-		tw := tabwriter.NewWriter(c.App.Writer, 0, 8, 2, ' ', 0)
+		out := bufio.NewWriter(c.App.Writer) // tabwriter writes cell by cell
+		tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tPLAN\tSTATE\tMOUNTED\tORIGINAL\tMOUNTPOINT\tNAME")
 		for _, sb := range sbs {
 			mounted := "no"
@@ -52,6 +54,9 @@ func runList(c *cli.Context) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Plan, sb.State, mounted,
 				quotePath(sb.Original), quotePath(sb.Mountpoint), quotePath(sb.Name))
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return out.Flush()
 	})
 }

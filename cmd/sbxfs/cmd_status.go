@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -141,7 +142,8 @@ func letterOf(k layers.ChangeKind) string {
 }
 
 // printChanges prints one line per change and a summary line.
-func printChanges(w io.Writer, changes []layers.Change) error {
+func printChanges(out io.Writer, changes []layers.Change) error {
+	w := bufio.NewWriter(out) // a line a change: one write(2), not thousands
 	counts := map[layers.ChangeKind]int{}
 	for _, ch := range changes {
 		counts[ch.Kind]++
@@ -153,8 +155,10 @@ func printChanges(w io.Writer, changes []layers.Change) error {
 			return err
 		}
 	}
-	_, err := fmt.Fprintln(w, summary(len(changes), counts))
-	return err
+	if _, err := fmt.Fprintln(w, summary(len(changes), counts)); err != nil {
+		return err
+	}
+	return w.Flush()
 }
 
 func summary(n int, counts map[layers.ChangeKind]int) string {
