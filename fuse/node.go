@@ -361,9 +361,7 @@ func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 func (n *node) setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn) (unix.Stat_t, syscall.Errno) {
 	rel, fd, errno := n.mutableTarget()
 	if h, ok := f.(fileHandle); ok && h.h().upper {
-		fd = h.h().fd
-	} else if errno != 0 {
-		return unix.Stat_t{}, errno
+		fd, errno = h.h().fd, 0
 	}
 	a := toSetAttr(in)
 	if a.Mode == nil && killsPrivileges(in) && n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFDIR {
@@ -374,6 +372,9 @@ func (n *node) setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 		if m, ok := withoutPrivileges(&st, caller(ctx)); ok {
 			a.Mode = &m
 		}
+	}
+	if errno != 0 {
+		return n.setattrOrphan(a, errno)
 	}
 	n.mu.Lock()
 	st, err := n.fs.layers.Setattr(rel, &n.obj, fd, a, caller(ctx))
@@ -386,6 +387,54 @@ func (n *node) setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 	if err != nil {
 		return st, n.fs.toErrno("setattr", err)
 	}
+	return st, 0
+}
+
+// setattrOrphan is setattr for an object removed while open that no
+// handle of this server reaches: a FIFO or device node open in some
+// process, a directory removed while open (FUSE sends no OPEN for the
+// first and sbxfs takes none for the second). On ext4 its inode lives on
+// for whoever holds it, and fchmod, fchown and futimens on it work; here
+// nothing of it is left in the upper layer, so the change is made to the
+// attributes the node keeps for it (stat answers those), with the ctime
+// of now. Nothing is recorded: no name leads to it, and it is gone once
+// closed. errno is returned when the node has no attributes to change,
+// or for a size (only regular files have one to change, and the kernel
+// refuses a truncate of anything else).
+func (n *node) setattrOrphan(a layers.SetAttr, errno syscall.Errno) (unix.Stat_t, syscall.Errno) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.lastOK || a.Size != nil {
+		return unix.Stat_t{}, errno
+	}
+	st := n.last
+	now := time.Now()
+	stamp := func(t *unix.Timespec) unix.Timespec {
+		if t.Nsec == unix.UTIME_NOW {
+			return unix.NsecToTimespec(now.UnixNano())
+		}
+		return *t
+	}
+	if a.Mode != nil {
+		st.Mode = st.Mode&syscall.S_IFMT | *a.Mode&0o7777
+	}
+	if a.Uid != nil {
+		st.Uid = *a.Uid
+	}
+	if a.Gid != nil {
+		st.Gid = *a.Gid
+	}
+	if a.Atime != nil && a.Atime.Nsec != unix.UTIME_OMIT {
+		st.Atim = stamp(a.Atime)
+	}
+	if a.Mtime != nil && a.Mtime.Nsec != unix.UTIME_OMIT {
+		st.Mtim = stamp(a.Mtime)
+	}
+	if a.Mode != nil || a.Uid != nil || a.Gid != nil || a.Atime != nil || a.Mtime != nil {
+		st.Ctim = unix.NsecToTimespec(now.UnixNano())
+	}
+	st.Nlink = 0
+	n.last = st
 	return st, 0
 }
 

@@ -107,3 +107,51 @@ func TestFchmodThenUnlinkOpenFIFO(t *testing.T) {
 	assert.Equal(t, uint32(unix.S_IFIFO|0o444), st.Mode)
 	assert.Equal(t, uint64(0), uint64(st.Nlink))
 }
+
+// Objects removed while open that the server holds no handle of (a FIFO,
+// a directory) still take fchmod, fchown and futimens through their
+// descriptors, as on ext4, and fstat shows the change (seed 151326162 of
+// the differential test: fchmod of an unlinked FIFO failed with ENOENT).
+func TestChangeRemovedWhileOpen(t *testing.T) {
+	orig := newOrig(t, map[string]string{"keep": "k"})
+	sb := mountSandbox(t, orig)
+	plain := t.TempDir()
+	for _, kind := range []string{"fifo", "dir"} {
+		t.Run(kind, func(t *testing.T) {
+			run := func(dir string) unix.Stat_t {
+				p := filepath.Join(dir, kind)
+				var fd int
+				var err error
+				if kind == "fifo" {
+					require.NoError(t, unix.Mkfifo(p, 0o640))
+					fd, err = unix.Open(p, unix.O_RDWR, 0)
+				} else {
+					require.NoError(t, unix.Mkdir(p, 0o750))
+					fd, err = unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+				}
+				require.NoError(t, err)
+				t.Cleanup(func() { unix.Close(fd) })
+				if kind == "fifo" {
+					require.NoError(t, unix.Unlink(p))
+				} else {
+					require.NoError(t, unix.Rmdir(p))
+				}
+				require.NoError(t, unix.Fchmod(fd, 0o4711), "fchmod after the removal")
+				require.NoError(t, unix.Fchown(fd, 1000, 1001), "fchown after the removal")
+				ts := []unix.Timespec{{Sec: 1_000_000_000, Nsec: 7}, {Sec: 1_100_000_000, Nsec: 9}}
+				require.NoError(t, unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH), "futimens after the removal")
+				var st unix.Stat_t
+				require.NoError(t, unix.Fstat(fd, &st))
+				return st
+			}
+			want, got := run(plain), run(sb.path())
+			assert.Equal(t, want.Mode, got.Mode, "mode (chown by root clears set-user-ID on a non-directory)")
+			assert.Equal(t, []uint32{want.Uid, want.Gid}, []uint32{got.Uid, got.Gid}, "owner")
+			assert.Equal(t, want.Mtim, got.Mtim, "mtime")
+			assert.Equal(t, want.Atim, got.Atim, "atime")
+			assert.Equal(t, uint64(want.Nlink), uint64(got.Nlink), "links")
+			_, err := os.Lstat(sb.upperPath(kind))
+			assert.ErrorIs(t, err, os.ErrNotExist, "nothing of it in the upper layer")
+		})
+	}
+}
