@@ -424,10 +424,10 @@ func (n *node) setattrOrphan(a layers.SetAttr, errno syscall.Errno) (unix.Stat_t
 	if a.Gid != nil {
 		st.Gid = *a.Gid
 	}
-	if a.Atime != nil && a.Atime.Nsec != unix.UTIME_OMIT {
+	if a.Atime != nil { // timeArg gives a time or UTIME_NOW, never UTIME_OMIT
 		st.Atim = stamp(a.Atime)
 	}
-	if a.Mtime != nil && a.Mtime.Nsec != unix.UTIME_OMIT {
+	if a.Mtime != nil {
 		st.Mtim = stamp(a.Mtime)
 	}
 	if a.Mode != nil || a.Uid != nil || a.Gid != nil || a.Atime != nil || a.Mtime != nil {
