@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -37,9 +38,12 @@ import (
 // busy with the same request since its last look, it starts another
 // reader (up to maxDevReaders). Each look wakes a thread: at 1 ms the
 // looks cost untar and rm -rf 10% (A/B), at 4 ms about half that, at
-// 10 ms cold git status lost some of its parallel lookups. A reader that finishes a request while
-// another one waits in read(2) ends, so a mount goes back to one reader
-// once nothing is slow.
+// 10 ms cold git status lost some of its parallel lookups. Lookups do not
+// wait for a look: a reader that takes a LOOKUP while the kernel holds
+// more requests and no other reader waits starts a helper reader at once
+// (up to maxHelpers), so parallel cold lookups wait for the disk side by
+// side. A reader that finishes a request while another one waits in
+// read(2) ends, so a mount goes back to one reader once nothing is slow.
 type devLoop struct {
 	fs     *filesystem
 	raw    *rawFS
@@ -49,6 +53,7 @@ type devLoop struct {
 	size   int      // a request buffer, and a reply buffer: the largest request or reply
 
 	taken    atomic.Uint64 // requests read
+	helpers  atomic.Uint64 // readers started for lookups that queued up
 	finished atomic.Uint64 // requests answered by the readers themselves
 	idle     atomic.Int32  // readers in read(2) or about to be
 	sleeping atomic.Bool   // the watchdog waits for wake
@@ -83,6 +88,11 @@ const (
 	devHeadroom   = 128 << 10            // names, xattr values and headers beyond MaxWrite
 	devReadSizeAt = inHeaderSize + 8 + 8 // fuse_read_in.size
 )
+
+// maxHelpers is how many readers requests that queue up may have at once:
+// enough to overlap the disk reads of parallel lookups (git's threads
+// lstat the index's files in parallel).
+var maxHelpers = min(maxDevReaders, max(4, runtime.NumCPU()))
 
 // startDevLoop serves srv's connection, whose INIT go-fuse has answered,
 // with a devLoop. On error nothing was changed and go-fuse's loop can serve.
@@ -139,6 +149,15 @@ func (l *devLoop) read(b *devBuf) {
 		l.taken.Add(1)
 		if l.sleeping.Load() && l.sleeping.CompareAndSwap(true, false) {
 			l.wakeWatchdog()
+		}
+		// Lookups that queue up while this one is answered (several
+		// threads walking a tree: git's lstat of the index) each may wait
+		// for the disk: give them a reader now rather than at the
+		// watchdog's next look. Only at a LOOKUP: a single writer's
+		// queue holds its RELEASEs and FORGETs too, and a helper for
+		// those cost untar 25% (A/B).
+		if binary.LittleEndian.Uint32(b.in[4:]) == opLookup && l.idle.Load() == 0 && l.queued() {
+			l.addHelper()
 		}
 		if (n > devSmall || l.mayWait(b.in[:n])) && l.answerOff(b.in[:n]) {
 			if n > devSmall {
@@ -288,21 +307,44 @@ func (l *devLoop) end(b *devBuf) {
 	}
 }
 
+// queued reports whether the kernel holds another request for the
+// mount, which no reader waits to take.
+func (l *devLoop) queued() bool {
+	fds := []unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
+}
+
+// addHelper starts another reader for requests that queue up behind the
+// one being answered, up to maxHelpers readers in all.
+func (l *devLoop) addHelper() {
+	if l.addReaderUpTo(maxHelpers) {
+		l.helpers.Add(1)
+	}
+}
+
 // addReader starts another reader unless there are maxDevReaders or the
 // connection is gone.
 func (l *devLoop) addReader() {
+	l.addReaderUpTo(maxDevReaders)
+}
+
+// addReaderUpTo starts another reader unless there are most or the
+// connection is gone, and reports whether it did.
+func (l *devLoop) addReaderUpTo(most int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ended || l.readers >= maxDevReaders {
-		return
+	if l.ended || l.readers >= most {
+		return false
 	}
 	b, err := l.getBufLocked()
 	if err != nil {
-		return
+		return false
 	}
 	l.readers++
 	l.wg.Add(1)
 	go l.read(b)
+	return true
 }
 
 func (l *devLoop) wakeWatchdog() {

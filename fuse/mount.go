@@ -182,6 +182,15 @@ func (s *Server) URingRequests() uint64 {
 	return s.uring.served.Load()
 }
 
+// DevHelpers is the number of readers a /dev/fuse mount started for
+// lookups that queued up behind one being answered.
+func (s *Server) DevHelpers() uint64 {
+	if s.dev == nil {
+		return 0
+	}
+	return s.dev.helpers.Load()
+}
+
 // readaheadKB is the readahead of a mount. The kernel starts a FUSE mount
 // at 128 KiB and INIT can only lower it; reads of original files go
 // through sbxfs (never passthrough), and at 128 KiB a cold sequential read

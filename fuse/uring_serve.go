@@ -50,6 +50,7 @@ const (
 	// the kernel never waits for a free entry.
 	uringEntries = 4
 
+	opLookup   = 1  // FUSE_LOOKUP
 	opRead     = 15 // FUSE_READ
 	opWrite    = 16 // FUSE_WRITE
 	opFsync    = 20 // FUSE_FSYNC

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,6 +95,45 @@ func TestStalledUpperHoldsUpNothingElse(t *testing.T) {
 	require.NoError(t, err, "the mkdir landed in the upper")
 	assert.True(t, st.IsDir())
 	require.NoError(t, sb.stop())
+}
+
+// TestParallelLookupsGetHelpers: lookups made from several threads at once
+// (git status lstats the index's files from up to 20) queue up behind the
+// one being answered; the reader starts helper readers for them instead
+// of answering one after the other, and every answer is right.
+func TestParallelLookupsGetHelpers(t *testing.T) {
+	const dirs, files = 16, 64
+	tree := map[string]string{}
+	for d := range dirs {
+		for f := range files {
+			tree[fmt.Sprintf("d%d/f%d", d, f)] = strings.Repeat("x", d*files+f)
+		}
+	}
+	orig := newOrig(t, tree)
+	sb := mountSandbox(t, orig, withNoIOUring())
+	var wg sync.WaitGroup
+	wrong := make(chan string, dirs*files)
+	for d := range dirs {
+		wg.Go(func() {
+			for f := range files {
+				st, err := os.Lstat(sb.path(fmt.Sprintf("d%d", d), fmt.Sprintf("f%d", f)))
+				if err != nil || st.Size() != int64(d*files+f) {
+					wrong <- fmt.Sprintf("d%d/f%d: %v %v", d, f, err, st)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(wrong)
+	for w := range wrong {
+		t.Error(w)
+	}
+	require.NoError(t, sb.stop())
+	m := regexp.MustCompile(`lookup_helpers=(\d+)`).FindStringSubmatch(sb.log.String())
+	require.NotNil(t, m, "the server's last words name its helpers:\n%s", sb.log.String())
+	helpers, _ := strconv.Atoi(m[1])
+	t.Logf("%d helper readers for %d lookups from %d threads", helpers, dirs*files, dirs)
+	assert.Positive(t, helpers, "no helper reader was started for the queued lookups")
 }
 
 // TestDevLoopGivesBackBuffers: large requests are answered on goroutines,

@@ -121,7 +121,8 @@ func waitServer(srv *fuse.Server, logger *slog.Logger, sigs <-chan os.Signal) er
 			if err != nil {
 				return fmt.Errorf("close the sandbox journal: %w", err)
 			}
-			logger.Info("unmounted", "mountpoint", srv.Mountpoint(), "io_uring_requests", srv.URingRequests())
+			logger.Info("unmounted", "mountpoint", srv.Mountpoint(), "io_uring_requests", srv.URingRequests(),
+				"lookup_helpers", srv.DevHelpers())
 			return nil
 		case s := <-sigs:
 			logger.Info("unmounting", "signal", s.String())

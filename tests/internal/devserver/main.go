@@ -102,6 +102,6 @@ func run() error {
 		}
 	}()
 	err = srv.Wait()
-	fmt.Println("io_uring requests", srv.URingRequests())
+	fmt.Printf("unmounted io_uring_requests=%d lookup_helpers=%d\n", srv.URingRequests(), srv.DevHelpers())
 	return err
 }
