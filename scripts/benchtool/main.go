@@ -233,11 +233,19 @@ func (e *env) runGroup(g string) error {
 
 // perTarget runs fn for every repetition and every target, the targets
 // interleaved (and their order rotated) within each repetition so that a
-// drift of the machine's speed spreads over all of them.
+// drift of the machine's speed spreads over all of them. Every other
+// repetition runs them in reverse, so that no target always runs right
+// after the same one (what a target leaves behind, such as dirty pages
+// on the scratch disk, would otherwise fall on the same next target).
 func (e *env) perTarget(g string, fn func(t *target, rep int) error) error {
+	n := len(e.targets)
 	for rep := 0; rep < e.opt.reps; rep++ {
-		for i := range e.targets {
-			t := e.targets[(i+rep)%len(e.targets)]
+		for i := range n {
+			j := (i + rep) % n
+			if rep%2 == 1 {
+				j = (n - 1 - i + rep) % n
+			}
+			t := e.targets[j]
 			if err := e.ctx.Err(); err != nil {
 				return err
 			}
