@@ -307,8 +307,8 @@ func (l *devLoop) end(b *devBuf) {
 	}
 }
 
-// queued reports whether the kernel holds another request for the
-// mount, which no reader waits to take.
+// queued reports whether the kernel holds more requests for the mount,
+// not yet read by any reader.
 func (l *devLoop) queued() bool {
 	fds := []unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}}
 	n, err := unix.Poll(fds, 0)
