@@ -197,3 +197,34 @@ func TestConflictsListEntriesADirectoryReplacementWouldDrop(t *testing.T) {
 		{Path: "d/sub/g002", Reason: unaccountedReason},
 	}, got)
 }
+
+// A link to an original file moved over another original object (which
+// the sandbox thus modified), the first name left as it was: both names
+// are one inode in the original, as in the sandbox (seed 895216717 of the
+// differential commit test, where the object was a FIFO reached through
+// a renamed directory and the link replaced that directory's old name).
+func TestCommitLinkMovedOverAnOriginalObject(t *testing.T) {
+	t.Run("file", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"a": "a", "b": "b"})
+		s.link("a", "x")
+		s.rename("x", "b")
+		s.commitMatchesRef()
+	})
+	t.Run("fifo in a renamed directory", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"e/f": "f", "h/": ""})
+		for _, root := range []string{s.orig, s.ref} {
+			require.NoError(t, unix.Mkfifo(filepath.Join(root, "e", "fifo"), 0o640))
+		}
+		s.link("e/fifo", "h/l")
+		o := s.lookup("e")
+		require.NoError(t, s.l.Rename("h", s.lookup("h"), "l", &o, "", s.lookup(""), "e", unix.RENAME_EXCHANGE, s.c))
+		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "h", "l"), unix.AT_FDCWD, filepath.Join(s.ref, "e"), unix.RENAME_EXCHANGE))
+		s.rename("h", "f01")
+		s.commitMatchesRef()
+		var a, b unix.Stat_t
+		require.NoError(t, unix.Lstat(filepath.Join(s.orig, "e"), &a))
+		require.NoError(t, unix.Lstat(filepath.Join(s.orig, "f01", "l", "fifo"), &b))
+		assert.Equal(t, a.Ino, b.Ino, "e and f01/l/fifo are one inode")
+		assert.EqualValues(t, 2, a.Nlink)
+	})
+}

@@ -228,6 +228,7 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 	for i, c := range cs.Changes {
 		idx[c.Path] = i
 	}
+	var added []Change
 	for _, names := range groups {
 		if len(names) < 2 {
 			continue
@@ -252,6 +253,7 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 		if anchor == "" {
 			continue
 		}
+		replaced := false
 		for _, q := range names {
 			i, ok := idx[q]
 			if !ok {
@@ -263,7 +265,22 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 			case q != anchor && (c.Kind == Created || c.Kind == Linked):
 				c.Kind, c.From = Linked, anchor
 			}
+			replaced = replaced || (q != anchor && cs.Changes[i].Kind == Modified)
 		}
+		// A name that replaces an original object (Modified) gets the
+		// shared object, and no Linked name points the commit at an
+		// unlisted anchor: list the anchor too, or it would keep the
+		// original's inode and the names would part.
+		if _, listed := idx[anchor]; !listed && replaced {
+			var st unix.Stat_t
+			if unix.Lstat(l.UpperPath(anchor), &st) == nil {
+				added = append(added, Change{Path: anchor, Kind: Modified, Type: TypeName(st.Mode)})
+			}
+		}
+	}
+	if len(added) > 0 {
+		cs.Changes = append(cs.Changes, added...)
+		slices.SortFunc(cs.Changes, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
 	}
 }
 

@@ -213,6 +213,7 @@ func TestDifferential(t *testing.T) {
 var diffCommitSeeds = []struct{ seed, ops int64 }{
 	{1, 1000}, {2, 1000}, {3, 1000}, {4, 1000}, {7, 1000}, {10, 1000}, {17, 1000}, {107, 1000},
 	{159, 1000}, {169, 1000}, {306, 2000}, {456, 2000}, {87300363, 1000}, {367227571, 1000},
+	{895216717, 1000},
 }
 
 // TestDifferentialCommit runs random operations through the mount, commits
