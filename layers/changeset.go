@@ -216,6 +216,7 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 // replaced too (Modified), since its inode changes.
 func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 	groups := map[[2]uint64][]string{}
+	types := map[[2]uint64]string{}
 	for _, p := range keys {
 		var st unix.Stat_t
 		if unix.Lstat(l.UpperPath(p), &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink < 2 || fsutil.IsWhiteout(&st) {
@@ -223,13 +224,14 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 		}
 		k := [2]uint64{st.Dev, st.Ino}
 		groups[k] = append(groups[k], p)
+		types[k] = TypeName(st.Mode)
 	}
 	idx := map[string]int{}
 	for i, c := range cs.Changes {
 		idx[c.Path] = i
 	}
 	var added []Change
-	for _, names := range groups {
+	for k, names := range groups {
 		if len(names) < 2 {
 			continue
 		}
@@ -267,15 +269,11 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 			}
 			replaced = replaced || (q != anchor && cs.Changes[i].Kind == Modified)
 		}
-		// A name that replaces an original object (Modified) gets the
-		// shared object, and no Linked name points the commit at an
-		// unlisted anchor: list the anchor too, or it would keep the
-		// original's inode and the names would part.
+		// A Modified name gets the shared object, so an unlisted anchor
+		// must too, or it keeps the original's inode and the names part
+		// (the commit replaces the From of a Linked name likewise).
 		if _, listed := idx[anchor]; !listed && replaced {
-			var st unix.Stat_t
-			if unix.Lstat(l.UpperPath(anchor), &st) == nil {
-				added = append(added, Change{Path: anchor, Kind: Modified, Type: TypeName(st.Mode)})
-			}
+			added = append(added, Change{Path: anchor, Kind: Modified, Type: types[k]})
 		}
 	}
 	if len(added) > 0 {
