@@ -228,3 +228,57 @@ func TestCommitLinkMovedOverAnOriginalObject(t *testing.T) {
 		assert.EqualValues(t, 2, a.Nlink)
 	})
 }
+
+// A metadata change to one name of an original file with several hard
+// links, one of them outside the original: the sandbox parted that name at
+// copy-up (its other names keep the old mode, owner and xattrs), so the
+// commit installs the copy rather than changing the shared inode, which
+// would change the other names too, the one outside the original included.
+func TestCommitMetadataOfAHardLinkedOriginal(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a": "shared", "d/c": "c"})
+	outside := filepath.Join(filepath.Dir(s.orig), "outside")
+	require.NoError(t, os.Link(filepath.Join(s.orig, "a"), filepath.Join(s.orig, "b")))
+	require.NoError(t, os.Link(filepath.Join(s.orig, "a"), outside))
+	require.NoError(t, os.Link(filepath.Join(s.orig, "d/c"), filepath.Join(s.orig, "d/e")))
+	s.chmod("a", 0o600)
+	s.setxattr("a", "user.k", "v")
+	s.chown("d/c", 1234, 5678)
+	s.done()
+
+	cs, err := layers.Changes(s.cfg)
+	require.NoError(t, err)
+	assert.Equal(t, []layers.Change{
+		{Path: "a", Kind: layers.Modified, Type: "file"},
+		{Path: "d/c", Kind: layers.Modified, Type: "file"},
+	}, cs.Changes)
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+
+	st := func(p string) unix.Stat_t {
+		var st unix.Stat_t
+		require.NoError(t, unix.Lstat(p, &st))
+		return st
+	}
+	a, b, out := st(filepath.Join(s.orig, "a")), st(filepath.Join(s.orig, "b")), st(outside)
+	assert.EqualValues(t, 0o600, a.Mode&0o7777)
+	assert.EqualValues(t, 1, a.Nlink)
+	assert.NotEqual(t, b.Ino, a.Ino, "a is a file of its own, as the sandbox showed")
+	for _, o := range []unix.Stat_t{b, out} {
+		assert.EqualValues(t, 0o644, o.Mode&0o7777, "the other names keep their mode")
+		assert.Equal(t, b.Ino, o.Ino)
+		assert.EqualValues(t, 2, o.Nlink)
+	}
+	v, err := getXattr(filepath.Join(s.orig, "a"), "user.k")
+	require.NoError(t, err)
+	assert.Equal(t, "v", string(v))
+	for _, p := range []string{filepath.Join(s.orig, "b"), outside} {
+		_, err := getXattr(p, "user.k")
+		assert.Error(t, err, "%s has no user.k", p)
+		got, err := os.ReadFile(p)
+		require.NoError(t, err)
+		assert.Equal(t, "shared", string(got))
+	}
+	c, e := st(filepath.Join(s.orig, "d/c")), st(filepath.Join(s.orig, "d/e"))
+	assert.EqualValues(t, 1234, c.Uid)
+	assert.EqualValues(t, 0, e.Uid, "d/e keeps its owner")
+	assert.EqualValues(t, 1, e.Nlink)
+}

@@ -404,6 +404,14 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if err != nil || kind == "" {
 		return c, false, err
 	}
+	if kind == Metadata && lo.st.Mode&unix.S_IFMT != unix.S_IFDIR && lo.st.Nlink > 1 {
+		// The copy-up parted p from the original's other names (as
+		// overlayfs does without index=on), which keep the old metadata
+		// in the sandbox. Changing the original inode in place would
+		// change them too, and a name outside the original as well: the
+		// commit installs the copy instead.
+		kind = Modified
+	}
 	c.Kind = kind
 	return c, true, nil
 }
