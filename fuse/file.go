@@ -127,6 +127,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		h.n.cached--
 	}
 	h.n.mu.Unlock()
+	h.n.reissueHere()
 	if fd < 0 {
 		return syscall.EBADF
 	}

@@ -60,6 +60,11 @@ type node struct {
 	lastOK bool
 	// dir is a directory's listing state (node_dir.go).
 	dir dirState
+	// reissued: n is a name of an original file with several links, and
+	// its kernel entry was dropped once a copy-up parted it (reissue);
+	// linkedHere: the sandbox gave n another name (Link), so dropping
+	// one entry would part names the sandbox links.
+	reissued, linkedHere bool
 }
 
 // openFd returns the descriptor of an open handle of n, an upper one when
@@ -186,8 +191,8 @@ func caller(ctx context.Context) layers.Caller {
 // kernel overlayfs without index=on, so what is written through one name
 // must not show through the others, in the kernel's page cache or its
 // attributes. They show the original's st_ino, a copied-up one too until
-// the kernel forgets its node (go-fuse answers with a node's stable
-// number); kernel overlayfs shows the copy's at once.
+// its kernel entry is dropped (go-fuse answers with a node's stable
+// number; see reissue); kernel overlayfs shows the copy's at once.
 func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
 	child := &node{fs: n.fs, obj: e.Obj}
 	sa := fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino}
@@ -202,6 +207,44 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 		cn.mu.Unlock()
 	}
 	return ino
+}
+
+// reissue drops the kernel's entry for n, at name in parent, once n is a
+// name of an original file with several links (a node with a generation
+// number: newChild) that a copy-up parted from the others, and no handle
+// holds it open: the next lookup makes a node with the copy's st_ino, so
+// the parted names stop showing one number (cp(1) refused to copy one
+// over the other: "are the same file"). An open handle defers it to the
+// last release, so one upper file never has two kernel inodes (two page
+// caches) open at once; a link made in the sandbox while one is open
+// keeps it (its names share this node; see Link). The entry is dropped from another goroutine: the
+// kernel takes the directory's lock for it, which a rename or link being
+// answered holds.
+func (n *node) reissue(parent *fusefs.Inode, name string) {
+	if parent != nil && n.parted() {
+		go parent.NotifyEntry(name)
+	}
+}
+
+// parted reports (once) that n may be reissued: see reissue.
+func (n *node) parted() bool {
+	if n.StableAttr().Gen == 0 {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ok := n.obj.Upper && len(n.open) == 0 && !n.reissued && !n.linkedHere
+	n.reissued = n.reissued || ok
+	return ok
+}
+
+// reissueHere is reissue at n's current name.
+func (n *node) reissueHere() {
+	if n.StableAttr().Gen == 0 {
+		return
+	}
+	name, parent := n.Parent()
+	n.reissue(parent, name)
 }
 
 // linkGen is the generation number of the node for name in n when name is
@@ -349,6 +392,7 @@ func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 		return errno
 	}
 	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
+	n.reissueHere()
 	// The attributes are fresh: the kernel may keep them as long as those
 	// of a GETATTR (go-fuse leaves a SETATTR reply at 0, which made the
 	// next stat of the object a round trip).

@@ -101,6 +101,16 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	if err != nil {
 		return nil, n.fs.toErrno("link", err)
 	}
+	if t.parted() {
+		// t, a name of an original file with several links, was copied
+		// up by the link: both names become one new node with the
+		// copy's number (the kernel looks t's name up again).
+		tname, tparent := t.Parent()
+		if tparent != nil {
+			go tparent.NotifyEntry(tname)
+		}
+		return n.newChild(ctx, name, &e, out), 0
+	}
 	return t.linked(&e, out), 0
 }
 
@@ -110,6 +120,7 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 func (n *node) linked(e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
 	n.mu.Lock()
 	n.last, n.lastOK = e.Stat, true
+	n.linkedHere = true
 	n.mu.Unlock()
 	fillAttr(&out.Attr, &e.Stat, n.StableAttr().Ino)
 	return n.EmbeddedInode()
@@ -196,13 +207,19 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	// whenever the kernel looked it up); a scratch Obj serves otherwise.
 	var src layers.Obj
 	srcp := &src
+	var moved *node
 	if ch := n.GetChild(name); ch != nil {
 		if cn, ok := ch.Operations().(*node); ok {
 			cn.mu.Lock()
-			defer cn.mu.Unlock()
-			srcp = &cn.obj
+			srcp, moved = &cn.obj, cn
 		}
 	}
 	err := n.fs.layers.Rename(rel, obj, name, srcp, nrel, nobj, newName, flags, caller(ctx))
+	if moved != nil {
+		moved.mu.Unlock()
+		if err == nil {
+			moved.reissue(np.EmbeddedInode(), newName) // go-fuse moves it there next
+		}
+	}
 	return n.fs.toErrno("rename", err)
 }

@@ -71,8 +71,12 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		return n.fs.toErrno("setxattr", n.fs.layers.SetxattrFd(fd, attr, data, int(flags)))
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.fs.toErrno("setxattr", n.fs.layers.Setxattr(rel, &n.obj, attr, data, int(flags), caller(ctx)))
+	err := n.fs.layers.Setxattr(rel, &n.obj, attr, data, int(flags), caller(ctx))
+	n.mu.Unlock()
+	if err == nil {
+		n.reissueHere()
+	}
+	return n.fs.toErrno("setxattr", err)
 }
 
 var _ = (fusefs.NodeRemovexattrer)((*node)(nil))
@@ -87,6 +91,10 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 		return n.fs.toErrno("removexattr", n.fs.layers.RemovexattrFd(fd, attr))
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.fs.toErrno("removexattr", n.fs.layers.Removexattr(rel, &n.obj, attr, caller(ctx)))
+	err := n.fs.layers.Removexattr(rel, &n.obj, attr, caller(ctx))
+	n.mu.Unlock()
+	if err == nil {
+		n.reissueHere()
+	}
+	return n.fs.toErrno("removexattr", err)
 }

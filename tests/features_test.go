@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -258,6 +259,85 @@ func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
 	}
 	ob, oe := lstat(t, filepath.Join(orig, "b")), lstat(t, filepath.Join(orig, "e"))
 	assert.Equal(t, [2]uint64{ob.Ino, 2}, [2]uint64{oe.Ino, ob.Nlink}, "the original's b and e after the commit: one file, two links")
+}
+
+// TestPartedLinkShowsItsOwnInode: a name of an original file with several
+// links that a change copies up (chmod, setxattr, a write, a link, a
+// rename) is a file of its own in the sandbox, and shows its own st_ino
+// as soon as no descriptor holds it open, as in kernel overlayfs: before,
+// it kept the original's number, shared with the names it was parted
+// from, and cp(1) refused to copy one over the other ("are the same
+// file"). Names the sandbox links stay one inode.
+func TestPartedLinkShowsItsOwnInode(t *testing.T) {
+	for _, pt := range []string{"passthrough", "no passthrough"} {
+		t.Run(pt, func(t *testing.T) {
+			var opts []mountOption
+			if pt == "no passthrough" {
+				opts = append(opts, withNoPassthrough())
+			}
+			testPartedLinks(t, opts...)
+		})
+	}
+}
+
+func testPartedLinks(t *testing.T, opts ...mountOption) {
+	names := []string{"chmod", "xattr", "write", "link", "d/rename", "keep"}
+	orig := newOrig(t, map[string]string{"chmod": "shared\n"})
+	require.NoError(t, os.Mkdir(filepath.Join(orig, "d"), 0o755))
+	for _, name := range names[1:] {
+		require.NoError(t, os.Link(filepath.Join(orig, "chmod"), filepath.Join(orig, name)))
+	}
+	sb := mountSandbox(t, orig, opts...)
+	keep := lstat(t, sb.path("keep"))
+	for _, name := range names {
+		assert.Equal(t, keep.Ino, lstat(t, sb.path(name)).Ino, "%s before any change", name)
+	}
+	// ownIno waits until name shows a number of its own: the kernel's
+	// entry is dropped right after the change, from another goroutine.
+	ownIno := func(name string) uint64 {
+		t.Helper()
+		var st unix.Stat_t
+		assert.Eventually(t, func() bool {
+			st = lstat(t, sb.path(name))
+			return st.Ino != keep.Ino
+		}, 10*time.Second, 5*time.Millisecond, "%s shows the st_ino of the names it was parted from", name)
+		return st.Ino
+	}
+
+	require.NoError(t, os.Chmod(sb.path("chmod"), 0o600))
+	require.NoError(t, unix.Lsetxattr(sb.path("xattr"), "user.k", []byte("v"), 0))
+	f, err := os.OpenFile(sb.path("write"), os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	closeF := sync.OnceFunc(func() { f.Close() })
+	t.Cleanup(closeF) // before the unmount
+	_, err = f.WriteString("more\n")
+	require.NoError(t, err)
+	require.NoError(t, os.Link(sb.path("link"), sb.path("linked")))
+	require.NoError(t, os.Rename(sb.path("d/rename"), sb.path("renamed")))
+
+	seen := map[uint64]string{}
+	for _, name := range []string{"chmod", "xattr", "link", "renamed"} {
+		ino := ownIno(name)
+		assert.NotContains(t, seen, ino, "%s has the number of %s", name, seen[ino])
+		seen[ino] = name
+	}
+	link, linked := lstat(t, sb.path("link")), lstat(t, sb.path("linked"))
+	assert.Equal(t, [2]uint64{link.Ino, 2}, [2]uint64{linked.Ino, linked.Nlink}, "link and its new name linked: one inode, two links")
+
+	closeF() // the written name is reissued at its last close
+	ino := ownIno("write")
+	assert.NotContains(t, seen, ino, "write has the number of %s", seen[ino])
+	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")))
+	st := lstat(t, sb.path("keep"))
+	assert.Equal(t, [2]uint64{keep.Ino, 6}, [2]uint64{st.Ino, st.Nlink}, "keep, untouched: the original's number and link count")
+
+	// What a user runs into: cp over a parted name.
+	cp := exec.Command("cp", "chmod", "keep")
+	cp.Dir = sb.mnt
+	out, err := cp.CombinedOutput()
+	require.NoError(t, err, "cp chmod keep: %s", out)
+	assert.Equal(t, "shared\n", mustRead(t, sb.path("keep")))
+	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")), "cp over keep reached write")
 }
 
 func preadAll(t testing.TB, fd int) string {
