@@ -24,9 +24,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	wasUpper := n.obj.Upper
 	fd, upper, err := n.fs.layers.Open(rel, &n.obj, int(flags), caller(ctx))
 	if err != nil {
 		return nil, 0, n.fs.toErrno("open", err)
+	}
+	if !wasUpper && upper && n.StableAttr().Gen != 0 {
+		// The copy-up parted a name of an original file with several
+		// links: the kernel's attributes of it (the original's link
+		// count) are stale, and an open reply carries none.
+		go n.NotifyContent(-1, 0)
 	}
 	fh, fuseFlags := n.newHandleLocked(fd, upper)
 	if write {

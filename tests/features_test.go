@@ -312,6 +312,13 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	t.Cleanup(closeF) // before the unmount
 	_, err = f.WriteString("more\n")
 	require.NoError(t, err)
+	// statx for the link count alone, as stat -c %h asks: the write made
+	// only the size and times stale.
+	assert.Eventually(t, func() bool {
+		var stx unix.Statx_t
+		require.NoError(t, unix.Statx(unix.AT_FDCWD, sb.path("write"), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_NLINK, &stx))
+		return stx.Nlink == 1
+	}, 10*time.Second, 5*time.Millisecond, "the link count of write, open after its copy-up")
 	require.NoError(t, os.Link(sb.path("link"), sb.path("linked")))
 	require.NoError(t, os.Rename(sb.path("d/rename"), sb.path("renamed")))
 
