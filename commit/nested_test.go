@@ -234,15 +234,22 @@ func TestCommitLinkMovedOverAnOriginalObject(t *testing.T) {
 // copy-up (its other names keep the old mode, owner and xattrs), so the
 // commit installs the copy rather than changing the shared inode, which
 // would change the other names too, the one outside the original included.
+// A name copied up with no change the commit applies (its atime) is
+// parted as well.
 func TestCommitMetadataOfAHardLinkedOriginal(t *testing.T) {
-	s := newSandbox(t, map[string]string{"a": "shared", "d/c": "c"})
+	s := newSandbox(t, map[string]string{"a": "shared", "d/c": "c", "f": "f"})
 	outside := filepath.Join(filepath.Dir(s.orig), "outside")
 	require.NoError(t, os.Link(filepath.Join(s.orig, "a"), filepath.Join(s.orig, "b")))
 	require.NoError(t, os.Link(filepath.Join(s.orig, "a"), outside))
 	require.NoError(t, os.Link(filepath.Join(s.orig, "d/c"), filepath.Join(s.orig, "d/e")))
+	require.NoError(t, os.Link(filepath.Join(s.orig, "f"), filepath.Join(s.orig, "g")))
 	s.chmod("a", 0o600)
 	s.setxattr("a", "user.k", "v")
 	s.chown("d/c", 1234, 5678)
+	// The atime alone: nothing the commit applies, but the copy-up parted f.
+	o := s.lookup("f")
+	_, err := s.l.Setattr("f", &o, -1, layers.SetAttr{Atime: &unix.Timespec{Sec: 1}}, s.c)
+	require.NoError(t, err)
 	s.done()
 
 	cs, err := layers.Changes(s.cfg)
@@ -250,6 +257,7 @@ func TestCommitMetadataOfAHardLinkedOriginal(t *testing.T) {
 	assert.Equal(t, []layers.Change{
 		{Path: "a", Kind: layers.Modified, Type: "file"},
 		{Path: "d/c", Kind: layers.Modified, Type: "file"},
+		{Path: "f", Kind: layers.Modified, Type: "file"},
 	}, cs.Changes)
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 
@@ -281,4 +289,7 @@ func TestCommitMetadataOfAHardLinkedOriginal(t *testing.T) {
 	assert.EqualValues(t, 1234, c.Uid)
 	assert.EqualValues(t, 0, e.Uid, "d/e keeps its owner")
 	assert.EqualValues(t, 1, e.Nlink)
+	f, g := st(filepath.Join(s.orig, "f")), st(filepath.Join(s.orig, "g"))
+	assert.NotEqual(t, f.Ino, g.Ino, "f and g are two files, as the sandbox showed")
+	assert.EqualValues(t, [2]uint64{1, 1}, [2]uint64{f.Nlink, g.Nlink})
 }

@@ -401,16 +401,21 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		return c, false, nil // the original shows through unchanged
 	}
 	kind, err := l.compare(p, &ov, lo, t.paths[p], t.times[p])
-	if err != nil || kind == "" {
+	if err != nil {
 		return c, false, err
 	}
-	if kind == Metadata && lo.st.Mode&unix.S_IFMT != unix.S_IFDIR && lo.st.Nlink > 1 {
+	if kind != Modified && lo.st.Mode&unix.S_IFMT != unix.S_IFDIR && lo.st.Nlink > 1 {
 		// The copy-up parted p from the original's other names (as
-		// overlayfs does without index=on), which keep the old metadata
-		// in the sandbox. Changing the original inode in place would
-		// change them too, and a name outside the original as well: the
-		// commit installs the copy instead.
+		// overlayfs does without index=on): in the sandbox it is a file
+		// of its own, even when only its atime changed or nothing did
+		// (an open for writing), and the other names keep the old
+		// metadata. Changing the original inode in place would change
+		// them too, and a name outside the original as well: the commit
+		// installs the copy instead.
 		kind = Modified
+	}
+	if kind == "" {
+		return c, false, nil
 	}
 	c.Kind = kind
 	return c, true, nil

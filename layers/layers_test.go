@@ -367,3 +367,25 @@ func TestCopyUpOnEveryUpper(t *testing.T) {
 		})
 	}
 }
+
+// A setxattr that must fail (XATTR_CREATE of an attribute the original
+// has, XATTR_REPLACE of one it has not) fails before any copy-up, as a
+// removexattr of a missing attribute does: the original's object stays
+// shared, which matters to a name of an original hard link (a copy-up
+// parts it from the other names).
+func TestFailingXattrChangesCopyNothingUp(t *testing.T) {
+	s := newStack(t, map[string]string{"f": "F"})
+	require.NoError(t, unix.Lsetxattr(filepath.Join(s.lower, "f"), "user.k", []byte("v"), 0))
+	o := s.dir("f")
+	assert.ErrorIs(t, s.Setxattr("f", &o, "user.k", []byte("w"), unix.XATTR_CREATE, s.c), unix.EEXIST)
+	assert.ErrorIs(t, s.Setxattr("f", &o, "user.missing", []byte("w"), unix.XATTR_REPLACE, s.c), unix.ENODATA)
+	assert.ErrorIs(t, s.Removexattr("f", &o, "user.missing", s.c), unix.ENODATA)
+	assert.False(t, o.Upper)
+	_, err := os.Lstat(s.UpperPath("f"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing copied up")
+
+	require.NoError(t, s.Setxattr("f", &o, "user.k", []byte("w"), unix.XATTR_REPLACE, s.c))
+	v, err := fsutil.LGetXattr(s.UpperPath("f"), "user.k")
+	require.NoError(t, err)
+	assert.Equal(t, "w", string(v))
+}

@@ -131,6 +131,18 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 	if l.Private(name) {
 		return unix.EPERM
 	}
+	if flags&(unix.XATTR_CREATE|unix.XATTR_REPLACE) != 0 && !o.Upper {
+		// A create of an attribute there is, or a replace of one there
+		// is not, fails without a change: check before the copy-up,
+		// which would part a name of an original hard link.
+		_, err := unix.Lgetxattr(l.realPath(rel, *o), name, nil)
+		switch {
+		case err == nil && flags&unix.XATTR_CREATE != 0:
+			return unix.EEXIST
+		case errors.Is(err, unix.ENODATA) && flags&unix.XATTR_REPLACE != 0:
+			return unix.ENODATA
+		}
+	}
 	if err := l.record(OpSetxattr, rel, "", 0, c); err != nil {
 		return err
 	}

@@ -98,6 +98,7 @@ func writeOp(desc, rel string, flags int, mode uint32, data []byte, off int64) d
 			return n, err
 		},
 		check: equalResults,
+		parts: []string{rel},
 	}
 }
 
@@ -157,7 +158,7 @@ func opTruncate(r *diffRun) diffOp {
 	}
 	return diffOp{desc: fmt.Sprintf("truncate %q to %d", rel, size), do: func(root string) (any, error) {
 		return nil, unix.Truncate(filepath.Join(root, rel), size)
-	}}
+	}, parts: []string{rel}}
 }
 
 func opFtruncate(r *diffRun) diffOp {
@@ -170,7 +171,7 @@ func opFtruncate(r *diffRun) diffOp {
 		}
 		defer unix.Close(fd)
 		return nil, unix.Ftruncate(fd, size)
-	}}
+	}, parts: []string{rel}}
 }
 
 func opRead(r *diffRun) diffOp {
@@ -239,7 +240,7 @@ func opUnlink(r *diffRun) diffOp {
 	}
 	return diffOp{desc: fmt.Sprintf("unlink %q", rel), do: func(root string) (any, error) {
 		return nil, unix.Unlink(filepath.Join(root, rel))
-	}}
+	}, drops: []string{rel}}
 }
 
 func opRename(r *diffRun) diffOp {
@@ -272,9 +273,17 @@ func opRename(r *diffRun) diffOp {
 	case 1:
 		flags, name = unix.RENAME_EXCHANGE, "rename EXCHANGE"
 	}
-	return diffOp{desc: fmt.Sprintf("%s %q -> %q", name, src, dst), do: func(root string) (any, error) {
+	op := diffOp{desc: fmt.Sprintf("%s %q -> %q", name, src, dst), do: func(root string) (any, error) {
 		return nil, unix.Renameat2(unix.AT_FDCWD, filepath.Join(root, src), unix.AT_FDCWD, filepath.Join(root, dst), flags)
 	}}
+	switch {
+	case src == dst: // nothing moves
+	case flags == unix.RENAME_EXCHANGE:
+		op.parts = []string{src, dst}
+	default:
+		op.parts, op.drops = []string{src}, []string{dst}
+	}
+	return op
 }
 
 func opSymlink(r *diffRun) diffOp {
@@ -295,7 +304,7 @@ func opLink(r *diffRun) diffOp {
 	dst := r.newPath()
 	return diffOp{desc: fmt.Sprintf("link %q -> new name %q", src, dst), do: func(root string) (any, error) {
 		return nil, unix.Link(filepath.Join(root, src), filepath.Join(root, dst))
-	}}
+	}, parts: []string{src}}
 }
 
 func opChmod(r *diffRun) diffOp {
@@ -309,7 +318,7 @@ func opChmod(r *diffRun) diffOp {
 	}
 	return diffOp{desc: fmt.Sprintf("chmod %q %#o", rel, mode), do: func(root string) (any, error) {
 		return nil, unix.Chmod(filepath.Join(root, rel), mode)
-	}, keepsTree: true}
+	}, keepsTree: true, parts: []string{rel}}
 }
 
 type timesResult struct{ before, after unix.Stat_t }
@@ -340,6 +349,10 @@ func opUtimes(r *diffRun) diffOp {
 		return fmt.Sprintf("%d.%09d", x.Sec, x.Nsec)
 	}
 	desc := fmt.Sprintf("utimensat %q atime=%s mtime=%s nofollow=%v", rel, tname(ts[0]), tname(ts[1]), flags != 0)
+	var parts []string
+	if ts[0].Nsec != unix.UTIME_OMIT || ts[1].Nsec != unix.UTIME_OMIT {
+		parts = []string{rel} // else it changes the ctime alone: no copy-up
+	}
 	stat := func(p string, st *unix.Stat_t) error {
 		if flags != 0 {
 			return unix.Lstat(p, st)
@@ -374,7 +387,7 @@ func opUtimes(r *diffRun) diffOp {
 			}
 		}
 		return strings.Join(d, "; ")
-	}, keepsTree: true}
+	}, keepsTree: true, parts: parts}
 }
 
 func opMkfifo(r *diffRun) diffOp {
@@ -402,7 +415,7 @@ func opSetxattr(r *diffRun) diffOp {
 				return nil, unix.Lsetxattr(p, name, val, flags)
 			}
 			return nil, unix.Setxattr(p, name, val, flags)
-		}, keepsTree: true}
+		}, keepsTree: true, parts: []string{rel}}
 }
 
 func opRemovexattr(r *diffRun) diffOp {
@@ -410,7 +423,7 @@ func opRemovexattr(r *diffRun) diffOp {
 	name := xattrNames[r.rng.Intn(len(xattrNames))]
 	return diffOp{desc: fmt.Sprintf("removexattr %q %s", rel, name), do: func(root string) (any, error) {
 		return nil, unix.Removexattr(filepath.Join(root, rel), name)
-	}, keepsTree: true}
+	}, keepsTree: true, parts: []string{rel}}
 }
 
 func opListdir(r *diffRun) diffOp {
@@ -458,7 +471,17 @@ func opFdOpen(r *diffRun) diffOp {
 	k := r.slot()
 	rel := r.existing(isFileEnt)
 	flags := []int{unix.O_RDONLY, unix.O_RDONLY, unix.O_RDWR, unix.O_WRONLY | unix.O_APPEND, unix.O_RDWR | unix.O_CREAT}[r.rng.Intn(5)]
-	return diffOp{desc: fmt.Sprintf("fd%d = open %q %s", k, rel, openFlagsName(flags)), keepsTree: flags&unix.O_CREAT == 0,
+	if _, linked := r.links.unparted(rel); linked && flags == unix.O_RDONLY {
+		// A descriptor open read-only on such a name follows its copy-up
+		// in the sandbox; the plain directory's would stay with the
+		// shared file (linkModel). Open it for writing: that copies up.
+		flags = unix.O_RDWR
+	}
+	var parts []string
+	if flags != unix.O_RDONLY {
+		parts = []string{rel}
+	}
+	return diffOp{desc: fmt.Sprintf("fd%d = open %q %s", k, rel, openFlagsName(flags)), keepsTree: flags&unix.O_CREAT == 0, parts: parts,
 		onSide: func(side int, root string) (any, error) {
 			if fd := r.fds[side][k]; fd >= 0 {
 				unix.Close(fd)

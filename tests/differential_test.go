@@ -72,8 +72,8 @@ func diffSeed(t *testing.T) int64 {
 
 // makeDiffOriginal builds an original of about 50 files in about 10
 // directories (nested ones, an empty one), a symlink and a FIFO, with
-// assorted modes, sizes and user.* attributes. No hard links: lower hard
-// links break on copy-up (as in kernel overlayfs without index).
+// assorted modes, sizes and user.* attributes. Hard links come after, from
+// addOriginalLinks (differential_links_test.go).
 func makeDiffOriginal(t *testing.T, rng *rand.Rand) string {
 	t.Helper()
 	orig := newOrig(t, nil)
@@ -165,6 +165,11 @@ type diffRun struct {
 	// files are open.
 	fds    [2][diffSlots]int
 	fdPath [diffSlots]string // the path each slot was opened at
+	// links keeps the plain directory's hard links of the original as
+	// the sandbox shows them (nil: the original has none);
+	// groupIno holds the st_ino the mount shows for them.
+	links    *linkModel
+	groupIno map[uint64]bool
 }
 
 const diffSlots = 4
@@ -199,11 +204,16 @@ type diffOp struct {
 	// onSide replaces do for operations on the descriptors a run keeps
 	// open (side 0: the plain directory, 1: the mount).
 	onSide func(side int, root string) (any, error)
+	// parts names the paths the sandbox copies up when the operation
+	// succeeds (where that parts a hard link of the original:
+	// linkModel); drops names the paths it removes or replaces.
+	parts []string
+	drops []string
 }
 
 func TestDifferential(t *testing.T) {
 	seed := diffSeed(t)
-	r := newDiffRun(t, seed)
+	r := newDiffRun(t, seed, !*flagDiffNoLinks)
 	r.run(*flagDiffOps)
 	r.compareTrees("end")
 }
@@ -224,22 +234,23 @@ func TestDifferentialCommit(t *testing.T) {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
 	}
 	if *flagDiffCommit || *flagSeed != 0 {
-		diffCommit(t, diffSeed(t), *flagDiffOps/3)
+		diffCommit(t, diffSeed(t), *flagDiffOps/3, !*flagDiffNoLinks)
 		return
 	}
 	for _, c := range diffCommitSeeds {
 		t.Run(fmt.Sprint(c.seed), func(t *testing.T) {
-			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialCommit$' -seed %d -diff.ops %d)", c.seed, c.seed, 3*c.ops)
-			diffCommit(t, c.seed, int(c.ops))
+			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialCommit$' -seed %d -diff.ops %d -diff.nolinks)", c.seed, c.seed, 3*c.ops)
+			diffCommit(t, c.seed, int(c.ops), false)
 		})
 	}
 }
 
-func diffCommit(t *testing.T, seed int64, ops int) {
-	r := newDiffRunGuard(t, seed, false)
+func diffCommit(t *testing.T, seed int64, ops int, links bool) {
+	r := newDiffRunGuard(t, seed, false, links)
 	r.run(ops)
 	r.compareTrees("before commit")
 	r.closeFds()
+	r.links.release()
 	if *flagDiffSnapshot != "" {
 		snapshotSandbox(t, r.sb, *flagDiffSnapshot)
 	}
@@ -265,13 +276,24 @@ func diffCommit(t *testing.T, seed int64, ops int) {
 		}
 		r.fail(strings.Join(about, " "), "after commit the original differs from the plain directory (want = plain dir):\n  %s", strings.Join(d, "\n  "))
 	}
+	wantLinks, err := linkGroups(r.ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotLinks, err := linkGroups(r.sb.orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(wantLinks, gotLinks) {
+		r.fail("", "after commit the original's hard links differ from the plain directory's:\n  want %q\n  got  %q", wantLinks, gotLinks)
+	}
 }
 
 // TestDifferentialRemount remounts the sandbox in the middle of the run:
 // the tree and the inode number of every object must survive.
 func TestDifferentialRemount(t *testing.T) {
 	seed := diffSeed(t)
-	r := newDiffRun(t, seed)
+	r := newDiffRun(t, seed, !*flagDiffNoLinks)
 	n := max(*flagDiffOps/3, 200)
 	r.run(n / 2)
 	r.compareTrees("before remount")
@@ -292,8 +314,8 @@ func TestDifferentialRemount(t *testing.T) {
 	var origFile, origRen string
 	for _, e := range r.ents {
 		b := filepath.Base(e.rel)
-		if !isFileEnt(e) || len(b) != 3 || b[0] != 'f' || b == "f01" {
-			continue // made by makeDiffOriginal: fNN (f01 is also a name ops create)
+		if _, linked := r.links.unparted(e.rel); !isFileEnt(e) || len(b) != 3 || b[0] != 'f' || b == "f01" || linked {
+			continue // made by makeDiffOriginal: fNN (f01 is also a name ops create), not hard-linked
 		}
 		if origFile == "" {
 			origFile = e.rel
@@ -324,7 +346,10 @@ func TestDifferentialRemount(t *testing.T) {
 	}
 	var changed []string
 	for p, b := range before {
-		if a, ok := after[p]; ok && a.Ino != b.Ino {
+		// A name of an original hard link parted from the others shows
+		// the original's st_ino until its kernel entry is dropped, which
+		// may not have happened yet (and not while it was open).
+		if a, ok := after[p]; ok && a.Ino != b.Ino && !r.groupIno[b.Ino] {
 			changed = append(changed, fmt.Sprintf("/%s (%s): %d -> %d", p, fileTypeName(b.Type), b.Ino, a.Ino))
 		}
 	}
@@ -338,15 +363,19 @@ func TestDifferentialRemount(t *testing.T) {
 	r.compareTrees("end")
 }
 
-func newDiffRun(t *testing.T, seed int64) *diffRun {
-	return newDiffRunGuard(t, seed, true)
+func newDiffRun(t *testing.T, seed int64, links bool) *diffRun {
+	return newDiffRunGuard(t, seed, true, links)
 }
 
 // newDiffRunGuard starts a run; guard checks the original is unchanged at
-// the end (off for a run that commits).
-func newDiffRunGuard(t *testing.T, seed int64, guard bool) *diffRun {
+// the end (off for a run that commits); links gives the original hard
+// links (diffLinks).
+func newDiffRunGuard(t *testing.T, seed int64, guard, links bool) *diffRun {
 	rng := rand.New(rand.NewSource(seed))
 	orig := makeDiffOriginal(t, rng)
+	if links {
+		addOriginalLinks(t, orig)
+	}
 	if guard {
 		originalGuard(t, orig)
 	}
@@ -356,7 +385,17 @@ func newDiffRunGuard(t *testing.T, seed int64, guard bool) *diffRun {
 		opts = append(opts, withNoPassthrough())
 	}
 	sb := mountSandbox(t, orig, opts...)
-	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb}
+	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb, groupIno: map[uint64]bool{}}
+	if links {
+		r.links = newLinkModel(t, ref)
+		for from := range diffLinks {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(sb.mnt, from), &st); err != nil {
+				t.Fatal(err)
+			}
+			r.groupIno[st.Ino] = true
+		}
+	}
 	for side := range r.fds {
 		for k := range r.fds[side] {
 			r.fds[side][k] = -1
@@ -389,12 +428,24 @@ func (r *diffRun) apply(op diffOp) {
 	r.step++
 	var resRef, resMnt any
 	var errRef, errMnt error
+	var undo []func(failed bool)
+	if r.links != nil {
+		for _, p := range op.parts {
+			undo = append(undo, r.links.part(p))
+		}
+		for _, p := range op.drops {
+			undo = append(undo, r.links.drop(p))
+		}
+	}
 	if op.onSide != nil {
 		resRef, errRef = op.onSide(0, r.ref)
 		resMnt, errMnt = op.onSide(1, r.sb.mnt)
 	} else {
 		resRef, errRef = op.do(r.ref)
 		resMnt, errMnt = op.do(r.sb.mnt)
+	}
+	for _, u := range undo {
+		u(errRef != nil)
 	}
 	eRef, eMnt := errnoOf(errRef), errnoOf(errMnt)
 	r.dirty = errRef == nil && !op.keepsTree
