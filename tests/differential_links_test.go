@@ -98,6 +98,21 @@ func (m *linkModel) unparted(rel string) (uint64, bool) {
 	return st.Ino, m.inos[st.Ino]
 }
 
+// original reports whether base is the name of an original file that
+// addOriginalLinks gave more names: once parted, it shows the original's
+// st_ino until its kernel entry is dropped, which waits while it is open.
+func (m *linkModel) original(base string) bool {
+	if m == nil {
+		return false
+	}
+	for from := range diffLinks {
+		if filepath.Base(from) == base {
+			return true
+		}
+	}
+	return false
+}
+
 // hold links the file at rel into the holder and returns the link.
 func (m *linkModel) hold(rel string) string {
 	m.n++
