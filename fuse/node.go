@@ -217,9 +217,9 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 // over the other: "are the same file"). An open handle defers it to the
 // last release, so one upper file never has two kernel inodes (two page
 // caches) open at once; a link made in the sandbox while one is open
-// keeps it (its names share this node; see Link). The entry is dropped from another goroutine: the
-// kernel takes the directory's lock for it, which a rename or link being
-// answered holds.
+// keeps it (its names share this node; see Link). The entry is dropped
+// from another goroutine: the kernel takes the directory's lock for it,
+// which a rename or link being answered holds.
 func (n *node) reissue(parent *fusefs.Inode, name string) {
 	if parent != nil && n.parted() {
 		go parent.NotifyEntry(name)
