@@ -196,15 +196,7 @@ func TestInodeStability(t *testing.T) {
 // sandbox is one inode under both names. The commit gives the original
 // what the mount showed.
 func TestOriginalHardLinksBreakOnCopyUp(t *testing.T) {
-	for _, pt := range []string{"passthrough", "no passthrough"} {
-		t.Run(pt, func(t *testing.T) {
-			var opts []mountOption
-			if pt == "no passthrough" {
-				opts = append(opts, withNoPassthrough())
-			}
-			testOriginalHardLinks(t, opts...)
-		})
-	}
+	withAndWithoutPassthrough(t, testOriginalHardLinks)
 }
 
 func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
@@ -269,15 +261,7 @@ func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
 // from, and cp(1) refused to copy one over the other ("are the same
 // file"). Names the sandbox links stay one inode.
 func TestPartedLinkShowsItsOwnInode(t *testing.T) {
-	for _, pt := range []string{"passthrough", "no passthrough"} {
-		t.Run(pt, func(t *testing.T) {
-			var opts []mountOption
-			if pt == "no passthrough" {
-				opts = append(opts, withNoPassthrough())
-			}
-			testPartedLinks(t, opts...)
-		})
-	}
+	withAndWithoutPassthrough(t, testPartedLinks)
 }
 
 func testPartedLinks(t *testing.T, opts ...mountOption) {
@@ -347,6 +331,13 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")), "cp over keep reached write")
 }
 
+// withAndWithoutPassthrough runs f as two subtests: mounts with FUSE
+// passthrough for upper files (where the kernel has it), and without.
+func withAndWithoutPassthrough(t *testing.T, f func(t *testing.T, opts ...mountOption)) {
+	t.Run("passthrough", func(t *testing.T) { f(t) })
+	t.Run("no passthrough", func(t *testing.T) { f(t, withNoPassthrough()) })
+}
+
 func preadAll(t testing.TB, fd int) string {
 	t.Helper()
 	var out []byte
@@ -373,15 +364,9 @@ func TestOpenFdSeesCopyUp(t *testing.T) {
 		"map.bin": strings.Repeat("o", 8192),
 	})
 	originalGuard(t, orig)
-	for _, pt := range []string{"passthrough", "no passthrough"} {
-		t.Run(pt, func(t *testing.T) {
-			var opts []mountOption
-			if pt == "no passthrough" {
-				opts = append(opts, withNoPassthrough())
-			}
-			testOpenFdSeesCopyUp(t, orig, mountSandbox(t, orig, opts...))
-		})
-	}
+	withAndWithoutPassthrough(t, func(t *testing.T, opts ...mountOption) {
+		testOpenFdSeesCopyUp(t, orig, mountSandbox(t, orig, opts...))
+	})
 }
 
 func testOpenFdSeesCopyUp(t *testing.T, orig string, sb *sandbox) {
