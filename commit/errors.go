@@ -74,6 +74,12 @@ type Conflict struct {
 // saw when it first changed it.
 func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signature) []Conflict {
 	r := newRenames(cs)
+	newDirs := map[string]bool{}
+	for _, c := range cs.Changes {
+		if c.Kind == layers.Created && c.Type == "dir" {
+			newDirs[c.Path] = true
+		}
+	}
 	var out []Conflict
 	for _, c := range cs.Changes {
 		p := conflictKey(r, c)
@@ -82,10 +88,13 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 		switch {
 		case err != nil:
 			out = append(out, Conflict{Path: c.Path, Reason: err.Error()})
-		case !seen && there && p != "" && c.Kind != layers.Deleted:
+		case !seen && there && p != "" && c.Kind != layers.Deleted && !inNewDir(newDirs, c.Path):
 			// The sandbox never saw an original object there (it would
 			// have recorded its signature before changing it): the
-			// original made it since.
+			// original made it since. Beneath a directory the sandbox
+			// made in place of the original's, the original's objects
+			// go with their directory (moved away, or checked by
+			// unaccounted when it is deleted).
 			out = append(out, Conflict{Path: c.Path, Reason: "created in the original too"})
 		case !seen:
 		case !there:
@@ -153,6 +162,16 @@ const unaccountedReason = "in the original but not in the sandbox's view of it (
 func movedAway(cs layers.ChangeSet, p string) bool {
 	for _, c := range cs.Changes {
 		if c.Kind == layers.Renamed && c.From == p {
+			return true
+		}
+	}
+	return false
+}
+
+// inNewDir reports whether an ancestor of p is a directory of dirs.
+func inNewDir(dirs map[string]bool, p string) bool {
+	for i := strings.LastIndexByte(p, '/'); i > 0; i = strings.LastIndexByte(p[:i], '/') {
+		if dirs[p[:i]] {
 			return true
 		}
 	}

@@ -293,3 +293,41 @@ func TestCommitMetadataOfAHardLinkedOriginal(t *testing.T) {
 	assert.NotEqual(t, f.Ino, g.Ino, "f and g are two files, as the sandbox showed")
 	assert.EqualValues(t, [2]uint64{1, 1}, [2]uint64{f.Nlink, g.Nlink})
 }
+
+// A new file with an original's content in the place of that original,
+// which moved away: the object there is new, not the original with other
+// metadata (seed 775086874 of the differential commit test: the commit
+// moved the original away and then found nothing to change in its place,
+// exit 8). The new file comes by RENAME_EXCHANGE, by a rename after the
+// original moved, made in place after it moved, or made in a new
+// directory in place of the original's, which moved with its files.
+func TestCommitNewObjectInPlaceOfAMovedOriginal(t *testing.T) {
+	t.Run("exchange", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"d/f": "same", "g/": ""})
+		s.write("g/n", "same")
+		o := s.lookup("d/f")
+		require.NoError(t, s.l.Rename("d", s.lookup("d"), "f", &o, "g", s.lookup("g"), "n", unix.RENAME_EXCHANGE, s.c))
+		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, "d/f"), unix.AT_FDCWD, filepath.Join(s.ref, "g/n"), unix.RENAME_EXCHANGE))
+		s.commitMatchesRef()
+	})
+	t.Run("rename", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"d/f": "same", "g/": ""})
+		s.rename("d/f", "g/moved")
+		s.write("g/n", "same")
+		s.rename("g/n", "d/f")
+		s.commitMatchesRef()
+	})
+	t.Run("made in place", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"d/f": "same", "g/": ""})
+		s.rename("d/f", "g/moved")
+		s.write("d/f", "same")
+		s.commitMatchesRef()
+	})
+	t.Run("new directory in place", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"d/f": "same"})
+		s.rename("d", "e")
+		s.mkdir("d")
+		s.write("d/f", "same")
+		s.commitMatchesRef()
+	})
+}

@@ -73,6 +73,9 @@ type touched struct {
 	// path before it changed it (the journal's base records, the first
 	// one of a path). Keyed by original path, so renames never move it.
 	seen map[string]uint32
+	// movedFrom is from inverted once the journal is replayed: the
+	// paths something was moved to from an original path (movedAway).
+	movedFrom map[string][]string
 }
 
 func replay(recs []Record) *touched {
@@ -377,6 +380,21 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			return c, false, err
 		}
 	}
+	if cp == p && inLo {
+		// No rename in p's lineage: its original is the object the
+		// overlay merges in its place, which a directory made in the
+		// sandbox above p hides (the original's went with the directory
+		// it was in, moved away).
+		if lo, inLo, err = l.lowerInPlace(p); err != nil {
+			return c, false, err
+		}
+	}
+	if inLo && !l.cameFrom(&ov, lo.origin.Path) && l.movedAway(lo.origin.Path, p, t) {
+		// The original's object in p's place lives on at another path,
+		// renamed there (that path's change takes it from here): what p
+		// holds now is new, whatever their contents say.
+		inLo = false
+	}
 	if !inLo {
 		c.Kind = Created
 		if to, ok := t.link[p]; ok && l.sameUpperObject(p, to) {
@@ -419,6 +437,28 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c.Kind = kind
 	return c, true, nil
+}
+
+// movedAway reports whether the original object at x is, in the overlay,
+// at a path other than p that a rename took it to.
+func (l *Layers) movedAway(x, p string, t *touched) bool {
+	if t.movedFrom == nil {
+		t.movedFrom = map[string][]string{}
+		for q, from := range t.from {
+			if q != from && !strings.Contains(q, "\x00") {
+				t.movedFrom[from] = append(t.movedFrom[from], q)
+			}
+		}
+	}
+	for _, q := range t.movedFrom[x] {
+		if q == p {
+			continue
+		}
+		if ov, ok, err := l.resolve(q); err == nil && ok && l.cameFrom(&ov, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // cameFrom reports whether the overlay object e is the original object

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -46,11 +47,22 @@ func (r *diffRun) nextOp() diffOp {
 	n := r.rng.Intn(total)
 	for _, o := range diffOps {
 		if n < o.w {
+			if avoiding("fds") && isFdOp(o) {
+				return r.nextOp()
+			}
 			return o.make(r)
 		}
 		n -= o.w
 	}
 	panic("unreachable")
+}
+
+// fdOps are the operations on descriptors the run keeps open.
+var fdOps = []func(r *diffRun) diffOp{opFdOpen, opFdWrite, opFdRead, opFdStat, opFdTruncate, opFdChmod, opFdSync, opFdClose}
+
+func isFdOp(o weightedOp) bool {
+	p := reflect.ValueOf(o.make).Pointer()
+	return slices.ContainsFunc(fdOps, func(f func(r *diffRun) diffOp) bool { return reflect.ValueOf(f).Pointer() == p })
 }
 
 var fileModes = []uint32{0o644, 0o600, 0o755, 0o444, 0o640, 0o4755, 0o2755, 0o1777, 0o000}
@@ -408,6 +420,9 @@ func opSetxattr(r *diffRun) diffOp {
 	val := randBytes(r.rng, r.rng.Intn(200))
 	flags := []int{0, 0, unix.XATTR_CREATE, unix.XATTR_REPLACE}[r.rng.Intn(4)]
 	nofollow := r.rng.Intn(3) == 0
+	if avoiding("xattrflags") {
+		flags = 0
+	}
 	return diffOp{desc: fmt.Sprintf("setxattr %q %s (%d bytes) flags %d nofollow=%v", rel, name, len(val), flags, nofollow),
 		do: func(root string) (any, error) {
 			p := filepath.Join(root, rel)
