@@ -392,8 +392,15 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if inLo && !l.cameFrom(&ov, lo.origin.Path) && l.movedAway(lo.origin.Path, p, t) {
 		// The original's object in p's place lives on at another path,
 		// renamed there (that path's change takes it from here): what p
-		// holds now is new, whatever their contents say.
-		inLo = false
+		// holds now replaces it, whatever their contents say, and is
+		// never that object with other metadata. A file stays Modified,
+		// so that an editor's save (the original renamed to a backup,
+		// a new file written) diffs against the original's content.
+		c.Kind = Modified
+		if ov.IsDir() {
+			c.Kind = Created
+		}
+		return c, true, nil
 	}
 	if !inLo {
 		c.Kind = Created
