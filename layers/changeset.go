@@ -76,10 +76,11 @@ type touched struct {
 	// movedFrom is from inverted once the journal is replayed: the
 	// paths something was moved to from an original path (movedAway).
 	movedFrom map[string][]string
+	dirs      dirCache
 }
 
 func replay(recs []Record) *touched {
-	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}, seen: map[string]uint32{}}
+	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}, seen: map[string]uint32{}, dirs: dirCache{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
@@ -192,11 +193,11 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 		if c.Kind != Linked || listed[c.From] {
 			continue
 		}
-		if _, inLo, err := l.lowerInPlace(c.From); err != nil || !inLo {
+		if _, inLo, err := l.lowerInPlace(t.dirs, c.From); err != nil || !inLo {
 			cs.Changes[i].Kind, cs.Changes[i].From = Created, ""
 		}
 	}
-	l.linkGroups(&cs, keys)
+	l.linkGroups(&cs, keys, t.dirs)
 	// A rename's source is gone by the rename itself.
 	renamedFrom := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -217,7 +218,7 @@ func (l *Layers) changes(recs []Record) (ChangeSet, error) {
 // replaces it by the shared object), else a name the commit installs;
 // every other new name is Linked to it, and a metadata-only name is
 // replaced too (Modified), since its inode changes.
-func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
+func (l *Layers) linkGroups(cs *ChangeSet, keys []string, dirs dirCache) {
 	groups := map[[2]uint64][]string{}
 	types := map[[2]uint64]string{}
 	for _, p := range keys {
@@ -241,7 +242,7 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string) {
 		anchor := ""
 		for _, q := range names {
 			if _, listed := idx[q]; !listed {
-				if _, ok, err := l.lowerInPlace(q); err == nil && ok {
+				if _, ok, err := l.lowerInPlace(dirs, q); err == nil && ok {
 					anchor = q
 					break
 				}
@@ -327,7 +328,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if p == "" {
 		return l.classifyRoot(t.times[""])
 	}
-	ov, inOv, err := l.resolve(p)
+	ov, inOv, err := l.resolveIn(t.dirs, p)
 	if err != nil {
 		return Change{}, false, err
 	}
@@ -339,7 +340,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if !inLo && cp != p {
 		// What p was renamed from was made in the sandbox: p has no
 		// counterpart elsewhere, only the original's object in its place.
-		if lo, inLo, err = l.lowerInPlace(p); err != nil {
+		if lo, inLo, err = l.lowerInPlace(t.dirs, p); err != nil {
 			return Change{}, false, err
 		}
 		if !inLo && !inOv {
@@ -376,7 +377,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		}
 		// The moved object was replaced since: compare with the original's
 		// object in p's place.
-		if lo, inLo, err = l.lowerInPlace(p); err != nil {
+		if lo, inLo, err = l.lowerInPlace(t.dirs, p); err != nil {
 			return c, false, err
 		}
 	}
@@ -385,7 +386,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		// overlay merges in its place, which a directory made in the
 		// sandbox above p hides (the original's went with the directory
 		// it was in, moved away).
-		if lo, inLo, err = l.lowerInPlace(p); err != nil {
+		if lo, inLo, err = l.lowerInPlace(t.dirs, p); err != nil {
 			return c, false, err
 		}
 	}
@@ -461,7 +462,7 @@ func (l *Layers) movedAway(x, p string, t *touched) bool {
 		if q == p {
 			continue
 		}
-		if ov, ok, err := l.resolve(q); err == nil && ok && l.cameFrom(&ov, x) {
+		if ov, ok, err := l.resolveIn(t.dirs, q); err == nil && ok && l.cameFrom(&ov, x) {
 			return true
 		}
 	}
@@ -573,23 +574,40 @@ func (l *Layers) sameXattrs(a, b string) bool {
 
 // resolve looks p up in the overlay from the root.
 func (l *Layers) resolve(p string) (Entry, bool, error) {
-	e, err := l.Root()
-	if err != nil {
-		return e, false, err
+	return l.resolveIn(nil, p)
+}
+
+// dirCache holds the overlay directories one change set resolved: its
+// paths share their parents, and the overlay does not change while the
+// change set is read (the mount is frozen for a commit).
+type dirCache map[string]Entry
+
+// resolveIn is resolve with the directories on the way taken from, and
+// added to, dirs (nil: none kept).
+func (l *Layers) resolveIn(dirs dirCache, p string) (Entry, bool, error) {
+	if e, ok := dirs[p]; ok {
+		return e, true, nil
 	}
-	dir := ""
-	for _, name := range splitRel(p) {
-		if !e.IsDir() {
-			return e, false, nil
+	var e Entry
+	var err error
+	if p == "" {
+		e, err = l.Root()
+	} else {
+		dir, name := Split(p)
+		parent, ok, perr := l.resolveIn(dirs, dir)
+		if perr != nil || !ok || !parent.IsDir() {
+			return parent, false, perr
 		}
-		e, err = l.Lookup(dir, e.Obj, name)
+		e, err = l.Lookup(dir, parent.Obj, name)
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 			return e, false, nil
 		}
-		if err != nil {
-			return e, false, err
-		}
-		dir = Join(dir, name)
+	}
+	if err != nil {
+		return e, false, err
+	}
+	if dirs != nil && e.IsDir() {
+		dirs[p] = e
 	}
 	return e, true, nil
 }
@@ -597,9 +615,9 @@ func (l *Layers) resolve(p string) (Entry, bool, error) {
 // lowerInPlace is the original's object in p's place: the name looked up
 // in the original directories the overlay merges at p's parent (which a
 // renamed parent carries along), as the overlay itself would find it.
-func (l *Layers) lowerInPlace(p string) (*lowerHit, bool, error) {
+func (l *Layers) lowerInPlace(dirs dirCache, p string) (*lowerHit, bool, error) {
 	dir, name := Split(p)
-	parent, ok, err := l.resolve(dir)
+	parent, ok, err := l.resolveIn(dirs, dir)
 	if err != nil || !ok || !parent.IsDir() || len(parent.Lowers) == 0 {
 		return nil, false, err
 	}

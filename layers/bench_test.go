@@ -1,0 +1,62 @@
+package layers
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// BenchmarkChanges computes the change set of 1,000 files written in 20
+// directories three deep, from the journal and those paths alone. Run:
+//
+//	go test ./layers -run XXX -bench Changes -benchtime 30x
+func BenchmarkChanges(b *testing.B) {
+	dir := b.TempDir()
+	lower, upper, work := filepath.Join(dir, "l"), filepath.Join(dir, "u"), filepath.Join(dir, "w")
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; i < 1000; i++ {
+		p := filepath.Join(lower, fmt.Sprintf("a/b%d/c", i%20), fmt.Sprintf("f%d", i))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	for i := 0; i < 1000; i++ {
+		p := fmt.Sprintf("a/b%d/c/f%d", i%20, i)
+		e, ok, err := l.resolve(p)
+		if err != nil || !ok {
+			b.Fatal(p, err)
+		}
+		fd, _, err := l.Open(p, &e.Obj, unix.O_WRONLY|unix.O_TRUNC, Caller{Pid: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, err = unix.Write(fd, []byte("changed content"))
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := l.Changes(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
