@@ -193,11 +193,27 @@ func caller(ctx context.Context) layers.Caller {
 // attributes. They show the original's st_ino, a copied-up one too until
 // its kernel entry is dropped (go-fuse answers with a node's stable
 // number; see reissue); kernel overlayfs shows the copy's at once.
+//
+// A copied-up name whose node is not reissued yet (open, or linked in the
+// sandbox) keeps that node: a new one for the same name would give the
+// kernel two inodes for one upper file, and go-fuse, which replaces a
+// child without taking the old node's parent entry away, would leave the
+// old node reaching the object through a name that is no longer its own
+// (once that name moved on or went, the old node's operations failed or
+// hit another file). Any other node a lookup replaces is taken out of n
+// first, for the same reason.
 func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
 	child := &node{fs: n.fs, obj: e.Obj}
 	sa := fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino}
 	if !e.Upper && sa.Mode != unix.S_IFDIR && e.Stat.Nlink > 1 {
 		sa.Gen = n.linkGen(name)
+	}
+	if old := n.GetChild(name); old != nil && old.StableAttr() != sa {
+		if on, ok := old.Operations().(*node); ok && on.keeps(e) {
+			fillAttr(&out.Attr, &e.Stat, old.StableAttr().Ino)
+			return old
+		}
+		n.RmChild(name)
 	}
 	ino := n.NewInode(ctx, child, sa)
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
@@ -207,6 +223,22 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 		cn.mu.Unlock()
 	}
 	return ino
+}
+
+// keeps reports whether n, the node a lookup found as e, stays the node
+// of its name: a name of an original hard link (see newChild) copied up
+// since, and not reissued. It takes e's state.
+func (n *node) keeps(e *layers.Entry) bool {
+	if n.StableAttr().Gen == 0 || !e.Upper || e.Stat.Mode&unix.S_IFMT != n.StableAttr().Mode {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.reissued {
+		return false
+	}
+	n.obj, n.last, n.lastOK = e.Obj, e.Stat, true
+	return true
 }
 
 // reissue drops the kernel's entry for n, at name in parent, once n is a

@@ -331,6 +331,45 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")), "cp over keep reached write")
 }
 
+// TestOriginalLinkLookedUpAgainWhileOpen: a name of an original file with
+// several links, open for writing (so copied up), gets a new link in the
+// sandbox; the kernel forgets the new name's entry (drop_caches) and looks
+// it up again, then the new name is renamed. The open name must still
+// reach its file: the lookup gave the new name a node of its own, and the
+// first name's node went on resolving through the new name (go-fuse kept
+// it as a parent), so after the rename its stat failed with ENOENT
+// (differential seed 377503685).
+func TestOriginalLinkLookedUpAgainWhileOpen(t *testing.T) {
+	withAndWithoutPassthrough(t, func(t *testing.T, opts ...mountOption) {
+		orig := newOrig(t, map[string]string{"a": "base\n"})
+		require.NoError(t, os.Link(filepath.Join(orig, "a"), filepath.Join(orig, "b")))
+		sb := mountSandbox(t, orig, opts...)
+		f, err := os.OpenFile(sb.path("a"), os.O_WRONLY|os.O_APPEND, 0)
+		require.NoError(t, err)
+		closeF := sync.OnceFunc(func() { f.Close() })
+		t.Cleanup(closeF) // before the unmount
+		_, err = f.WriteString("more\n")
+		require.NoError(t, err)
+		require.NoError(t, os.Link(sb.path("a"), sb.path("c")))
+		require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0))
+		lstat(t, sb.path("c"))
+		require.NoError(t, os.Rename(sb.path("c"), sb.path("d")))
+		require.NoError(t, os.WriteFile(sb.path("c"), []byte("another file\n"), 0o644))
+
+		st := lstat(t, sb.path("a"))
+		assert.EqualValues(t, 2, st.Nlink, "a and d are one file")
+		_, err = f.WriteString("again\n")
+		require.NoError(t, err)
+		closeF()
+		for name, want := range map[string]string{"a": "base\nmore\nagain\n", "d": "base\nmore\nagain\n", "b": "base\n", "c": "another file\n"} {
+			assert.Equal(t, want, mustRead(t, sb.path(name)), name)
+		}
+		require.NoError(t, os.Chmod(sb.path("a"), 0o600))
+		assert.EqualValues(t, 0o600, lstat(t, sb.path("d")).Mode&0o777, "a chmod through a reaches d, not c")
+		assert.EqualValues(t, 0o644, lstat(t, sb.path("c")).Mode&0o777)
+	})
+}
+
 // withAndWithoutPassthrough runs f as two subtests: mounts with FUSE
 // passthrough for upper files (where the kernel has it), and without.
 func withAndWithoutPassthrough(t *testing.T, f func(t *testing.T, opts ...mountOption)) {
