@@ -200,8 +200,8 @@ func caller(ctx context.Context) layers.Caller {
 // child without taking the old node's parent entry away, would leave the
 // old node reaching the object through a name that is no longer its own
 // (once that name moved on or went, the old node's operations failed or
-// hit another file). Any other node a lookup replaces is taken out of n
-// first, for the same reason.
+// hit another file). Any other file node a lookup replaces is taken out
+// of n first, for the same reason.
 func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
 	child := &node{fs: n.fs, obj: e.Obj}
 	sa := fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino}
@@ -213,7 +213,13 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 			fillAttr(&out.Attr, &e.Stat, old.StableAttr().Ino)
 			return old
 		}
-		n.RmChild(name)
+		if !old.IsDir() {
+			// A file node still held (a descriptor opened as it was
+			// replaced) then works through its descriptor, not a path
+			// that may hold another file by now. A directory keeps
+			// its entry: it has one name, the one now looked up.
+			n.RmChild(name)
+		}
 	}
 	ino := n.NewInode(ctx, child, sa)
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
