@@ -290,12 +290,7 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 
 	require.NoError(t, os.Chmod(sb.path("chmod"), 0o600))
 	require.NoError(t, unix.Lsetxattr(sb.path("xattr"), "user.k", []byte("v"), 0))
-	f, err := os.OpenFile(sb.path("write"), os.O_WRONLY|os.O_APPEND, 0)
-	require.NoError(t, err)
-	closeF := sync.OnceFunc(func() { f.Close() })
-	t.Cleanup(closeF) // before the unmount
-	_, err = f.WriteString("more\n")
-	require.NoError(t, err)
+	_, closeF := openAppend(t, sb.path("write"), "more\n")
 	// statx for the link count alone, as stat -c %h asks: the write made
 	// only the size and times stale.
 	assert.Eventually(t, func() bool {
@@ -344,12 +339,7 @@ func TestOriginalLinkLookedUpAgainWhileOpen(t *testing.T) {
 		orig := newOrig(t, map[string]string{"a": "base\n"})
 		require.NoError(t, os.Link(filepath.Join(orig, "a"), filepath.Join(orig, "b")))
 		sb := mountSandbox(t, orig, opts...)
-		f, err := os.OpenFile(sb.path("a"), os.O_WRONLY|os.O_APPEND, 0)
-		require.NoError(t, err)
-		closeF := sync.OnceFunc(func() { f.Close() })
-		t.Cleanup(closeF) // before the unmount
-		_, err = f.WriteString("more\n")
-		require.NoError(t, err)
+		f, closeF := openAppend(t, sb.path("a"), "more\n")
 		require.NoError(t, os.Link(sb.path("a"), sb.path("c")))
 		require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0))
 		lstat(t, sb.path("c"))
@@ -358,7 +348,7 @@ func TestOriginalLinkLookedUpAgainWhileOpen(t *testing.T) {
 
 		st := lstat(t, sb.path("a"))
 		assert.EqualValues(t, 2, st.Nlink, "a and d are one file")
-		_, err = f.WriteString("again\n")
+		_, err := f.WriteString("again\n")
 		require.NoError(t, err)
 		closeF()
 		for name, want := range map[string]string{"a": "base\nmore\nagain\n", "d": "base\nmore\nagain\n", "b": "base\n", "c": "another file\n"} {
@@ -368,6 +358,19 @@ func TestOriginalLinkLookedUpAgainWhileOpen(t *testing.T) {
 		assert.EqualValues(t, 0o600, lstat(t, sb.path("d")).Mode&0o777, "a chmod through a reaches d, not c")
 		assert.EqualValues(t, 0o644, lstat(t, sb.path("c")).Mode&0o777)
 	})
+}
+
+// openAppend opens p for appending and writes data; the returned close
+// runs once (at the latest when the test ends, before the unmount).
+func openAppend(t *testing.T, p, data string) (*os.File, func()) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	closeF := sync.OnceFunc(func() { f.Close() })
+	t.Cleanup(closeF)
+	_, err = f.WriteString(data)
+	require.NoError(t, err)
+	return f, closeF
 }
 
 // withAndWithoutPassthrough runs f as two subtests: mounts with FUSE
