@@ -14,7 +14,12 @@ import (
 // entry. It gets a name, and a journal record, only if it is linked in
 // (LinkFd).
 func (l *Layers) Tmpfile(dirRel string, dir Obj, mode uint32, c Caller) (int, Entry, error) {
-	p, err := newPerms(l.realPath(dirRel, dir), mode|unix.S_IFREG, c)
+	dirPath := l.realPath(dirRel, dir)
+	var pst unix.Stat_t
+	if err := unix.Lstat(dirPath, &pst); err != nil {
+		return -1, Entry{}, err
+	}
+	p, err := newPerms(dirPath, mode|unix.S_IFREG, c)
 	if err != nil {
 		return -1, Entry{}, err
 	}
@@ -22,7 +27,7 @@ func (l *Layers) Tmpfile(dirRel string, dir Obj, mode uint32, c Caller) (int, En
 	if err != nil {
 		return -1, Entry{}, err
 	}
-	e, err := l.settleFd(fd, &p, c)
+	e, err := l.settleFd(fd, &pst, &p, c)
 	if err != nil {
 		unix.Close(fd)
 		return -1, Entry{}, err
@@ -30,9 +35,15 @@ func (l *Layers) Tmpfile(dirRel string, dir Obj, mode uint32, c Caller) (int, En
 	return fd, e, nil
 }
 
-func (l *Layers) settleFd(fd int, p *perms, c Caller) (Entry, error) {
+// settleFd is settle for an unnamed file: pst is its directory (a
+// setgid directory hands its group down).
+func (l *Layers) settleFd(fd int, pst *unix.Stat_t, p *perms, c Caller) (Entry, error) {
 	if l.root {
-		if err := unix.Fchown(fd, int(c.Uid), int(c.Gid)); err != nil {
+		gid := int(c.Gid)
+		if pst.Mode&unix.S_ISGID != 0 {
+			gid = int(pst.Gid)
+		}
+		if err := unix.Fchown(fd, int(c.Uid), gid); err != nil {
 			return Entry{}, err
 		}
 	}

@@ -147,7 +147,9 @@ func TestReaddirOffsetsAcrossChanges(t *testing.T) {
 
 // TestSetgidDirInheritance: a directory made in a setgid directory gets
 // its group and its setgid bit, as on ext4, also when it replaces a
-// removed original directory (made elsewhere and moved into place).
+// removed original directory (made elsewhere and moved into place); a
+// file, a FIFO, a symlink and a file made with O_TMPFILE and linked in get
+// its group.
 func TestSetgidDirInheritance(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to give the original a group")
@@ -175,6 +177,23 @@ func TestSetgidDirInheritance(t *testing.T) {
 		}
 		if st.Mode&unix.S_ISGID == 0 || st.Gid != 100 {
 			t.Errorf("%s: mode %o gid %d, want the setgid bit and gid 100", name, st.Mode&0o7777, st.Gid)
+		}
+	}
+	tmp, err := unix.Open(g, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	require.NoError(t, err)
+	defer unix.Close(tmp)
+	for name, mk := range map[string]func(p string) error{
+		"file":    func(p string) error { return os.WriteFile(p, nil, 0o644) },
+		"fifo":    func(p string) error { return unix.Mkfifo(p, 0o644) },
+		"symlink": func(p string) error { return os.Symlink("file", p) },
+		"tmpfile": func(p string) error { return unix.Linkat(tmp, "", unix.AT_FDCWD, p, unix.AT_EMPTY_PATH) },
+	} {
+		p := filepath.Join(g, name)
+		require.NoError(t, mk(p), name)
+		var st unix.Stat_t
+		require.NoError(t, unix.Lstat(p, &st))
+		if st.Gid != 100 {
+			t.Errorf("%s: gid %d, want 100 (the setgid directory's)", name, st.Gid)
 		}
 	}
 }
