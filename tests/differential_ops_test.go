@@ -41,11 +41,11 @@ func (r *diffRun) nextOp() diffOp {
 		return opUnlink(r)
 	}
 	total := 0
-	for _, o := range diffOps {
+	for _, o := range r.ops {
 		total += o.w
 	}
 	n := r.rng.Intn(total)
-	for _, o := range diffOps {
+	for _, o := range r.ops {
 		if n < o.w {
 			if avoiding("fds") && isFdOp(o) {
 				return r.nextOp()
@@ -58,7 +58,8 @@ func (r *diffRun) nextOp() diffOp {
 }
 
 // fdOps are the operations on descriptors the run keeps open.
-var fdOps = []func(r *diffRun) diffOp{opFdOpen, opFdWrite, opFdRead, opFdStat, opFdTruncate, opFdChmod, opFdSync, opFdClose}
+var fdOps = []func(r *diffRun) diffOp{opFdOpen, opFdWrite, opFdRead, opFdStat, opFdTruncate, opFdChmod, opFdSync, opFdClose,
+	opFdChown, opFdFallocate, opFdCopyRange, opFdMmapWrite}
 
 func isFdOp(o weightedOp) bool {
 	p := reflect.ValueOf(o.make).Pointer()

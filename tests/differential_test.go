@@ -62,6 +62,10 @@ func (r *diffRun) pickMode(modes []uint32) uint32 {
 	}
 }
 
+// diffViewOpts is what the differential tests compare: what a user sees,
+// and owners (operation set 2 changes them).
+var diffViewOpts = walkOpts{xattr: userXattrs, owner: true}
+
 // diffCompareEvery is how many operations pass between two tree
 // comparisons.
 const diffCompareEvery = 20
@@ -170,6 +174,11 @@ type diffRun struct {
 	// files are open.
 	fds    [2][diffSlots]int
 	fdPath [diffSlots]string // the path each slot was opened at
+	// dfds are directories kept open the same way (operation set 2).
+	dfds    [2][diffSlots]int
+	dfdPath [diffSlots]string
+	// ops are the operations the run draws from (-diff.opset).
+	ops []weightedOp
 	// links keeps the plain directory's hard links of the original as
 	// the sandbox shows them (nil: the original has none);
 	// groupIno holds the st_ino the mount shows for them.
@@ -181,11 +190,13 @@ const diffSlots = 4
 
 // closeFds closes every descriptor the run keeps open.
 func (r *diffRun) closeFds() {
-	for side := range r.fds {
-		for k, fd := range r.fds[side] {
-			if fd >= 0 {
-				unix.Close(fd)
-				r.fds[side][k] = -1
+	for _, fds := range []*[2][diffSlots]int{&r.fds, &r.dfds} {
+		for side := range fds {
+			for k, fd := range fds[side] {
+				if fd >= 0 {
+					unix.Close(fd)
+					fds[side][k] = -1
+				}
 			}
 		}
 	}
@@ -226,14 +237,16 @@ func TestDifferential(t *testing.T) {
 // diffCommitSeeds are histories that once broke the commit (kept as
 // regression runs; -diff.commit or -seed runs one more, random or given).
 // links: the original has hard links (diffLinks), as in random runs.
+// opset: the operations the seed draws from (-diff.opset).
 var diffCommitSeeds = []struct {
 	seed, ops int64
 	links     bool
+	opset     int
 }{
-	{1, 1000, false}, {2, 1000, false}, {3, 1000, false}, {4, 1000, false}, {7, 1000, false},
-	{10, 1000, false}, {17, 1000, false}, {107, 1000, false}, {159, 1000, false}, {169, 1000, false},
-	{306, 2000, false}, {456, 2000, false}, {87300363, 1000, false}, {367227571, 1000, false},
-	{895216717, 1000, false}, {775086874, 1000, true},
+	{1, 1000, false, 1}, {2, 1000, false, 1}, {3, 1000, false, 1}, {4, 1000, false, 1}, {7, 1000, false, 1},
+	{10, 1000, false, 1}, {17, 1000, false, 1}, {107, 1000, false, 1}, {159, 1000, false, 1}, {169, 1000, false, 1},
+	{306, 2000, false, 1}, {456, 2000, false, 1}, {87300363, 1000, false, 1}, {367227571, 1000, false, 1},
+	{895216717, 1000, false, 1}, {775086874, 1000, true, 1},
 }
 
 // TestDifferentialCommit runs random operations through the mount, commits
@@ -244,7 +257,7 @@ func TestDifferentialCommit(t *testing.T) {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
 	}
 	if *flagDiffCommit || *flagSeed != 0 {
-		diffCommit(t, diffSeed(t), *flagDiffOps/3, !*flagDiffNoLinks)
+		diffCommit(t, diffSeed(t), *flagDiffOps/3, !*flagDiffNoLinks, *flagDiffOpSet)
 		return
 	}
 	for _, c := range diffCommitSeeds {
@@ -253,14 +266,17 @@ func TestDifferentialCommit(t *testing.T) {
 			if !c.links {
 				rerun += " -diff.nolinks"
 			}
+			if c.opset != diffOpSetLatest {
+				rerun += fmt.Sprintf(" -diff.opset %d", c.opset)
+			}
 			t.Logf("seed %d (rerun: %s)", c.seed, rerun)
-			diffCommit(t, c.seed, int(c.ops), c.links)
+			diffCommit(t, c.seed, int(c.ops), c.links, c.opset)
 		})
 	}
 }
 
-func diffCommit(t *testing.T, seed int64, ops int, links bool) {
-	r := newDiffRunGuard(t, seed, false, links)
+func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
+	r := newDiffRunGuard(t, seed, false, links, opset)
 	r.run(ops)
 	r.compareTrees("before commit")
 	r.closeFds()
@@ -273,11 +289,11 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool) {
 		st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
 		r.fail("", "sbxfs commit: %v\n%s\nsbxfs status:\n%s", err, out, st)
 	}
-	want, err := walkTree(r.ref, viewOpts)
+	want, err := walkTree(r.ref, diffViewOpts)
 	if err != nil {
 		t.Fatalf("walk plain dir: %v", err)
 	}
-	got, err := walkTree(r.sb.orig, viewOpts)
+	got, err := walkTree(r.sb.orig, diffViewOpts)
 	if err != nil {
 		t.Fatalf("walk the original: %v", err)
 	}
@@ -389,13 +405,13 @@ func TestDifferentialRemount(t *testing.T) {
 }
 
 func newDiffRun(t *testing.T, seed int64, links bool) *diffRun {
-	return newDiffRunGuard(t, seed, true, links)
+	return newDiffRunGuard(t, seed, true, links, *flagDiffOpSet)
 }
 
 // newDiffRunGuard starts a run; guard checks the original is unchanged at
 // the end (off for a run that commits); links gives the original hard
-// links (diffLinks).
-func newDiffRunGuard(t *testing.T, seed int64, guard, links bool) *diffRun {
+// links (diffLinks); opSet picks the operations (-diff.opset).
+func newDiffRunGuard(t *testing.T, seed int64, guard, links bool, opSet int) *diffRun {
 	rng := rand.New(rand.NewSource(seed))
 	orig := makeDiffOriginal(t, rng)
 	if links {
@@ -414,7 +430,7 @@ func newDiffRunGuard(t *testing.T, seed int64, guard, links bool) *diffRun {
 		opts = append(opts, withNoPassthrough())
 	}
 	sb := mountSandbox(t, orig, opts...)
-	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb, groupIno: map[uint64]bool{}}
+	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb, groupIno: map[uint64]bool{}, ops: diffOpsOf(opSet)}
 	if links && plain {
 		r.links = newLinkModel(t, ref)
 	}
@@ -430,6 +446,7 @@ func newDiffRunGuard(t *testing.T, seed int64, guard, links bool) *diffRun {
 	for side := range r.fds {
 		for k := range r.fds[side] {
 			r.fds[side][k] = -1
+			r.dfds[side][k] = -1
 		}
 	}
 	t.Cleanup(r.closeFds) // before the unmount
@@ -544,11 +561,11 @@ func quotedPaths(desc string) []string {
 
 func (r *diffRun) compareTrees(when string) {
 	r.t.Helper()
-	want, err := walkTree(r.ref, viewOpts)
+	want, err := walkTree(r.ref, diffViewOpts)
 	if err != nil {
 		r.t.Fatalf("walk plain dir: %v", err)
 	}
-	got, err := walkTree(r.sb.mnt, viewOpts)
+	got, err := walkTree(r.sb.mnt, diffViewOpts)
 	if err != nil {
 		r.fail("", "%s: walk the mount: %v", when, err)
 	}
