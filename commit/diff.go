@@ -21,24 +21,36 @@ import (
 // the path), and a new side, the sandbox's object (from the upper, or the
 // original's for a child of a renamed directory that was not copied up).
 //
-// Where git has no form, the output says in plain words:
+// The patch applies with git apply (and patch -p1) to a copy of the
+// original and gives the sandbox's files and symlinks, with their content
+// and executable bits (with Binary also binary files; without it they
+// show as "Binary files ... differ", as in git). Where git has no form,
+// the output says in plain words, on lines git apply passes over:
 //   - "new directory P" / "deleted directory P" for a created or deleted
 //     directory no other change lies beneath (git shows directories only
 //     through their files);
+//   - "renamed directory A -> B", followed by a rename of every file and
+//     symlink that moves with it (git names each);
+//   - "new fifo P", "deleted device P", "renamed socket A -> B" for the
+//     objects git does not hold;
+//   - "mode changed P 040755 -> 040700" for a directory or one of those;
 //   - "metadata changed P" for an owner, time or xattr change (a change of
-//     the permission bits shows as old mode / new mode);
-//   - modes are the real st_mode in octal (100640 stays 100640, a directory
-//     is 040755), not git's normalised 100644/100755.
+//     the permission bits of a file shows as old mode / new mode);
+//   - modes are the real st_mode in octal (100640 stays 100640), not
+//     git's normalised 100644/100755.
 //
 // A path under a renamed directory shows its original path on the a/ side
-// (diff --git a/old/f b/new/f) without rename lines: the rename is the
-// directory's, shown on the directory's own entry.
+// and rename lines (diff --git a/old/f b/new/f), as in git.
 
 // DiffOptions select the output form.
 type DiffOptions struct {
 	// Context is the number of context lines around a change: 0 means
 	// the default 3, a negative value means none (git's -U0).
 	Context int
+	// Binary writes the content of binary files as git's binary patch
+	// (git diff --binary, with full index lines), which git apply
+	// applies.
+	Binary bool
 }
 
 func (o DiffOptions) context() int {
@@ -56,7 +68,7 @@ func (o DiffOptions) context() int {
 // upper) to w.
 func Diff(w io.Writer, cfg layers.Config, cs layers.ChangeSet, opt DiffOptions) error {
 	bw := bufio.NewWriter(w)
-	err := eachDiffPair(cfg, cs, func(d *diffPair) error { return writePatch(bw, d, opt.context()) })
+	err := eachDiffPair(cfg, cs, pairOpts{fullBinary: opt.Binary, patch: true}, func(d *diffPair) error { return writePatch(bw, d, opt) })
 	if err != nil {
 		return err
 	}
@@ -65,8 +77,8 @@ func Diff(w io.Writer, cfg layers.Config, cs layers.ChangeSet, opt DiffOptions) 
 
 // eachDiffPair reads the sides of every change, in change-set order, and
 // hands them to fn.
-func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, fn func(*diffPair) error) error {
-	r, err := openDiffReader(cfg, cs)
+func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func(*diffPair) error) error {
+	r, err := openDiffReader(cfg, cs, opts)
 	if err != nil {
 		return err
 	}
@@ -83,6 +95,9 @@ func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, fn func(*diffPair) err
 		}
 	}
 	for _, c := range cs.Changes {
+		if opts.patch && r.movedInDeletion(c) {
+			continue
+		}
 		d, err := r.pair(c, dirs[c.Path])
 		if err != nil {
 			return err
@@ -134,24 +149,48 @@ func (d *diffPair) content() diffContent {
 }
 
 // writePatch writes the patch of one change.
-func writePatch(w io.Writer, d *diffPair, context int) error {
+func writePatch(w io.Writer, d *diffPair, opt DiffOptions) error {
+	if d.replaced != nil || len(d.gone) > 0 {
+		if d.replaced != nil {
+			del := diffPair{c: layers.Change{Path: d.newPath, Kind: layers.Deleted}, oldPath: d.newPath, old: *d.replaced}
+			if err := writePatch(w, &del, opt); err != nil {
+				return err
+			}
+		}
+		for i := range d.gone {
+			if err := writePatch(w, &d.gone[i], opt); err != nil {
+				return err
+			}
+		}
+		rest := *d
+		rest.replaced, rest.gone = nil, nil
+		d = &rest
+	}
 	old, new := &d.old, &d.new
 	switch {
 	case !old.exists && !new.exists:
 		return nil
 	case old.exists && new.exists && old.typ() != new.typ():
 		// A type change is a deletion and a creation, as in git.
+		// (Of a copy, only the creation: the old object stays.)
 		del, add := *d, *d
 		del.new, del.newPath = diffSide{}, ""
-		add.old, add.oldPath = diffSide{}, ""
-		if err := writePatch(w, &del, context); err != nil {
-			return err
+		add.old, add.oldPath, add.patchExtras = diffSide{}, "", patchExtras{}
+		if !d.copied {
+			if err := writePatch(w, &del, opt); err != nil {
+				return err
+			}
 		}
-		return writePatch(w, &add, context)
+		return writePatch(w, &add, opt)
 	case !old.exists && new.typ() == unix.S_IFDIR:
 		return writeDirLine(w, d, "new directory ", d.newPath)
 	case !new.exists && old.typ() == unix.S_IFDIR:
 		return writeDirLine(w, d, "deleted directory ", d.oldPath)
+	case !inGit(old) || !inGit(new):
+		if err := writePlain(w, d); err != nil {
+			return err
+		}
+		return writeMoved(w, d)
 	}
 	aName, bName := d.oldPath, d.newPath
 	if !old.exists {
@@ -177,6 +216,8 @@ func writePatch(w io.Writer, d *diffPair, context int) error {
 	}
 	switch {
 	case !dc.differs:
+	case dc.binary && opt.Binary:
+		writeBinaryPatch(&b, old, new)
 	case dc.binary:
 		fmt.Fprintf(&b, "Binary files %s and %s differ\n", sideName(old, "a/", aName), sideName(new, "b/", bName))
 	default:
@@ -188,7 +229,74 @@ func writePatch(w io.Writer, d *diffPair, context int) error {
 	if !dc.differs || dc.binary {
 		return nil
 	}
-	return writeHunks(w, dc.a, dc.b, dc.script, context)
+	return writeHunks(w, dc.a, dc.b, dc.script, opt.context())
+}
+
+// inGit reports whether git holds the object of a side (a missing one
+// too): a regular file or a symlink.
+func inGit(s *diffSide) bool {
+	return !s.exists || s.typ() == unix.S_IFREG || s.typ() == unix.S_IFLNK
+}
+
+// writePlain writes, in plain words, a change git has no form for: of a
+// directory (renamed, or its mode), or of a FIFO, socket or device.
+func writePlain(w io.Writer, d *diffPair) error {
+	old, new := &d.old, &d.new
+	var b strings.Builder
+	switch {
+	case !old.exists:
+		fmt.Fprintf(&b, "new %s %s\n", typeWord(new), gitQuote(d.newPath))
+	case !new.exists:
+		fmt.Fprintf(&b, "deleted %s %s\n", typeWord(old), gitQuote(d.oldPath))
+	default:
+		if d.oldPath != d.newPath {
+			fmt.Fprintf(&b, "renamed %s %s -> %s\n", typeWord(new), gitQuote(d.oldPath), gitQuote(d.newPath))
+		}
+		if old.mode != new.mode {
+			fmt.Fprintf(&b, "mode changed %s %06o -> %06o\n", gitQuote(d.newPath), old.mode, new.mode)
+		}
+		if b.Len() == 0 {
+			label := "metadata changed "
+			if d.c.Kind != layers.Metadata {
+				label = "changed "
+			}
+			b.WriteString(label + gitQuote(d.c.Path) + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeMoved writes the renames of the files a renamed directory moves.
+func writeMoved(w io.Writer, d *diffPair) error {
+	var b strings.Builder
+	for _, m := range d.moved {
+		fmt.Fprintf(&b, "diff --git %s %s\nsimilarity index 100%%\n", gitQuote("a/"+m.from), gitQuote("b/"+m.to))
+		for _, l := range moveLines(m.from, m.to, m.copied) {
+			b.WriteString(l + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// moveLines are the header lines of an object moved from one path to
+// another: a rename, or a copy when the patch changes the first path in
+// place too.
+func moveLines(from, to string, copied bool) []string {
+	verb := "rename"
+	if copied {
+		verb = "copy"
+	}
+	return []string{verb + " from " + gitQuote(from), verb + " to " + gitQuote(to)}
+}
+
+// typeWord names the type of a side's object in a plain-words line.
+func typeWord(s *diffSide) string {
+	if s.typ() == unix.S_IFDIR {
+		return "directory"
+	}
+	return layers.TypeName(s.mode)
 }
 
 // writeDirLine writes the line of a created or deleted directory, unless
@@ -215,8 +323,9 @@ func patchHeader(d *diffPair) []string {
 		if old.mode != new.mode {
 			hdr = append(hdr, fmt.Sprintf("old mode %06o", old.mode), fmt.Sprintf("new mode %06o", new.mode))
 		}
-		if d.c.Kind == layers.Renamed {
-			hdr = append(hdr, "rename from "+gitQuote(d.oldPath), "rename to "+gitQuote(d.newPath))
+		if d.oldPath != d.newPath {
+			// Renamed, or beneath a renamed directory.
+			hdr = append(hdr, moveLines(d.oldPath, d.newPath, d.copied)...)
 		}
 	}
 	return hdr

@@ -3,6 +3,7 @@ package commit
 import (
 	"bytes"
 	"encoding/json"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,6 +139,13 @@ func (s *diffSandbox) rename(from, to string) {
 	require.NoError(s.t, s.l.Rename(od, s.lookup(od).Obj, on, &src, nd, s.lookup(nd).Obj, nn, 0, s.c))
 }
 
+func (s *diffSandbox) mkfifo(p string) {
+	s.t.Helper()
+	dir, name := splitParent(p)
+	_, err := s.l.Mknod(dir, s.lookup(dir).Obj, name, unix.S_IFIFO|0o644, 0, s.c)
+	require.NoError(s.t, err)
+}
+
 func (s *diffSandbox) chmod(p string, mode uint32) {
 	s.t.Helper()
 	e := s.lookup(p)
@@ -193,8 +201,8 @@ func TestDiffPatch(t *testing.T) {
 		"diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,4 @@\n one\n-two\n+2\n three\n+four\n\\ No newline at end of file\n",
 		"diff --git a/bin.dat b/bin.dat\nBinary files a/bin.dat and b/bin.dat differ\n",
 		"diff --git a/del.txt b/del.txt\ndeleted file mode 100644\n--- a/del.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n",
-		"diff --git a/d b/e\nrename from d\nrename to e\n",
-		"diff --git a/d/f.txt b/e/f.txt\n--- a/d/f.txt\n+++ b/e/f.txt\n@@ -1 +1 @@\n-in d\n+in e\n",
+		"renamed directory d -> e\ndiff --git a/d/g.txt b/e/g.txt\nsimilarity index 100%\nrename from d/g.txt\nrename to e/g.txt\n",
+		"diff --git a/d/f.txt b/e/f.txt\nrename from d/f.txt\nrename to e/f.txt\n--- a/d/f.txt\n+++ b/e/f.txt\n@@ -1 +1 @@\n-in d\n+in e\n",
 		"deleted directory emptydir\n",
 		"new directory emptynew\n",
 		"diff --git a/link b/link\n--- a/link\n+++ b/link\n@@ -1 +1 @@\n-a.txt\n\\ No newline at end of file\n+b.txt\n\\ No newline at end of file\n",
@@ -207,7 +215,7 @@ func TestDiffPatch(t *testing.T) {
 		assert.Contains(t, out, want)
 	}
 	assert.NotContains(t, out, "new directory new\n", "a new directory with files beneath shows through them")
-	assert.NotContains(t, out, "d/g.txt", "untouched children of a renamed directory are not listed")
+	assert.Equal(t, 1, strings.Count(out, "rename to e/f.txt"), "a changed child of a renamed directory is listed once, with its change")
 }
 
 func TestDiffNameStatusStatJSON(t *testing.T) {
@@ -316,8 +324,12 @@ func TestDiffContextOption(t *testing.T) {
 	assert.Contains(t, s.diff(DiffOptions{}), "@@ -1,6 +1,6 @@\n a\n b\n-c\n+C\n d\n e\n f\n", "default context is 3")
 }
 
-// TestDiffGitApply checks the patch of file changes against git: applied
-// with `git apply` to a copy of the original, it gives the sandbox's files.
+// TestDiffGitApply checks the patch against git: applied with `git
+// apply` to a copy of the original, it gives the sandbox's files and
+// symlinks (content, executable bits) and nothing else, with binary files
+// (--binary), directory renames (nested, with changed and removed
+// children), and objects git does not hold (FIFOs, a directory's mode)
+// left to plain-words lines git apply passes over.
 func TestDiffGitApply(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("git"); err != nil {
@@ -326,6 +338,10 @@ func TestDiffGitApply(t *testing.T) {
 	files := map[string]string{
 		"a.txt": "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n12\n", "gone.txt": "x\ny\n", "s/l": "-> ../a.txt",
 		"run.sh": "#!/bin/sh\necho hi\n", "noeol.txt": "no newline", "sp ace.txt": "a\n", "ren.txt": "r1\nr2\n",
+		"bin.dat": "\x00\x01\x02", "gone.bin": "\x00gone", "text2bin": "text\n",
+		"d/f": "f\n", "d/g.bin": "\x00g", "d/ln": "-> f", "d/x": "x\n", "d/run.sh": "#!/bin/sh\n",
+		"d/sub/h": "h\n", "d/sub/deep/i": "i\n", "d/out": "out\n", "d/sp ace": "s\n", "fifodir/": "",
+		"over/x": "x\n", "over/y": "y\n", "bak/f": "f\n", "r/keep": "k\n", "r/replaced": "old\n", "other": "other\n",
 	}
 	s := newDiffSandbox(t, files)
 	s.write("a.txt", "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n")
@@ -339,30 +355,73 @@ func TestDiffGitApply(t *testing.T) {
 	s.rename("ren.txt", "renamed.txt")
 	s.write("renamed.txt", "r1\nr2\nr3\n")
 	s.chmod("run.sh", 0o644)
-	patch := s.diff(DiffOptions{})
+	s.write("bin.dat", strings.Repeat("\x00\x01\x03\x04 some bytes", 40))
+	s.create("new.bin", "\x00new")
+	s.remove("gone.bin")
+	s.write("text2bin", "\x00now binary")
+	s.rename("d", "e")
+	s.write("e/f", "f\nchanged\n")
+	s.remove("e/x")
+	s.rename("e/sub", "e/sub2")
+	s.write("e/sub2/deep/i", "i\ni\n")
+	s.rename("e/out", "out")
+	s.chmod("e", 0o700)
+	s.mkfifo("e/fifo")
+	s.mkfifo("fifodir/p")
+	s.rename("over/y", "over/x")     // the original x is lost: deleted first
+	s.rename("bak/f", "bak/f~")      // an editor's save with a backup: f~ is a
+	s.create("bak/f", "new\n")       // copy of f, f a change of the original f
+	s.rename("r", "r2")              // a file that moved with its directory,
+	s.rename("other", "r2/replaced") // then replaced: deleted
+	patch := s.diff(DiffOptions{Binary: true})
+	for _, want := range []string{
+		"renamed directory d -> e\nmode changed e 040755 -> 040700\n",
+		"renamed directory d/sub -> e/sub2\n",
+		"new fifo e/fifo\n",
+		"GIT binary patch\nliteral ",
+		"diff --git a/over/x b/over/x\ndeleted file mode 100644\n",
+		"diff --git a/bak/f b/bak/f~\ncopy from bak/f\ncopy to bak/f~\n",
+		"diff --git a/r/replaced b/r/replaced\ndeleted file mode 100644\n",
+	} {
+		assert.Contains(t, patch, want)
+	}
 
 	work := t.TempDir()
 	writeTestFiles(t, work, files)
-	cmd := exec.Command("git", "apply", "--unsafe-paths", "-")
+	cmd := exec.Command("git", "apply", "-")
 	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
 
-	for _, p := range []string{"a.txt", "fresh.txt", "empty.txt", "noeol.txt", "sp ace.txt", "renamed.txt"} {
-		want, err := os.ReadFile(filepath.Join(s.cfg.Upper, p))
-		require.NoError(t, err)
-		got, err := os.ReadFile(filepath.Join(work, p))
-		require.NoError(t, err, p)
-		assert.Equal(t, string(want), string(got), p)
+	sandbox := map[string]string{
+		"a.txt": "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n", "fresh.txt": "fresh\n", "empty.txt": "",
+		"s/l": "-> elsewhere", "run.sh": "#!/bin/sh\necho hi\n", "noeol.txt": "no newline\nnow has one\n",
+		"sp ace.txt": "b\n", "renamed.txt": "r1\nr2\nr3\n", "bin.dat": strings.Repeat("\x00\x01\x03\x04 some bytes", 40),
+		"new.bin": "\x00new", "text2bin": "\x00now binary",
+		"e/f": "f\nchanged\n", "e/g.bin": "\x00g", "e/ln": "-> f", "e/run.sh": "#!/bin/sh\n",
+		"e/sub2/h": "h\n", "e/sub2/deep/i": "i\ni\n", "out": "out\n", "e/sp ace": "s\n",
+		"over/x": "y\n", "bak/f~": "f\n", "bak/f": "new\n", "r2/keep": "k\n", "r2/replaced": "other\n",
 	}
-	target, err := os.Readlink(filepath.Join(work, "s/l"))
-	require.NoError(t, err)
-	assert.Equal(t, "elsewhere", target)
-	assert.NoFileExists(t, filepath.Join(work, "gone.txt"))
-	assert.NoFileExists(t, filepath.Join(work, "ren.txt"))
-	st, err := os.Stat(filepath.Join(work, "run.sh"))
-	require.NoError(t, err)
-	assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
+	got, executable := map[string]string{}, map[string]bool{}
+	require.NoError(t, filepath.WalkDir(work, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(work, p)
+		if d.Type()&fs.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			got[rel] = "-> " + target
+			return err
+		}
+		data, err := os.ReadFile(p)
+		got[rel] = string(data)
+		if info, ierr := d.Info(); ierr == nil && info.Mode()&0o100 != 0 {
+			executable[rel] = true
+		}
+		return err
+	}))
+	assert.Equal(t, sandbox, got)
+	assert.Equal(t, map[string]bool{"e/run.sh": true}, executable, "executable files")
 }
 
 func TestDiffEmptyAndErrors(t *testing.T) {

@@ -57,6 +57,13 @@ type diffPair struct {
 	newPath    string // the path in the sandbox ("" if deleted)
 	old, new   diffSide
 	hasBeneath bool // another change lies beneath this path
+	patchExtras
+}
+
+// pairOpts are what the patch reads beyond what the other forms need.
+type pairOpts struct {
+	fullBinary bool // read binary files whole, for git's binary patch
+	patch      bool // read the patchExtras
 }
 
 // diffReader reads the two layers of a sandbox, never following a
@@ -64,13 +71,20 @@ type diffPair struct {
 type diffReader struct {
 	upper, orig int // O_PATH directory descriptors
 	renamed     map[string]string
+	opts        pairOpts
+	// For the patch (diffpatch.go): the changes by sandbox path; the
+	// original paths of renames; the original paths some change
+	// compares with (olds), with the same path (inPlace).
+	changes                map[string]layers.Change
+	sources, olds, inPlace map[string]bool
 }
 
-func openDiffReader(cfg layers.Config, cs layers.ChangeSet) (*diffReader, error) {
+func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*diffReader, error) {
 	if cfg.Upper == "" || len(cfg.Lowers) == 0 {
 		return nil, fmt.Errorf("diff: the layers need an upper and an original")
 	}
-	r := &diffReader{upper: -1, orig: -1, renamed: map[string]string{}}
+	r := &diffReader{upper: -1, orig: -1, renamed: map[string]string{}, opts: opts, changes: map[string]layers.Change{},
+		sources: map[string]bool{}, olds: map[string]bool{}, inPlace: map[string]bool{}}
 	var err error
 	if r.upper, err = unix.Open(cfg.Upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, fmt.Errorf("diff: open upper %q: %w", cfg.Upper, err)
@@ -82,9 +96,33 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet) (*diffReader, error)
 	for _, c := range cs.Changes {
 		if c.Kind == layers.Renamed {
 			r.renamed[c.Path] = c.From
+			r.sources[c.From] = true
+		}
+	}
+	for _, c := range cs.Changes {
+		if old, ok := r.oldPathOf(c); ok && old == c.Path {
+			r.inPlace[old] = true
+		}
+	}
+	for _, c := range cs.Changes {
+		if r.movedInDeletion(c) {
+			continue
+		}
+		r.changes[c.Path] = c
+		if old, ok := r.oldPathOf(c); ok {
+			r.olds[old] = true
 		}
 	}
 	return r, nil
+}
+
+// oldPathOf is the original path c compares with (false for a new
+// object).
+func (r *diffReader) oldPathOf(c layers.Change) (string, bool) {
+	if c.Kind == layers.Created || c.Kind == layers.Linked {
+		return "", false
+	}
+	return r.counterpart(c.Path), true
 }
 
 func (r *diffReader) close() {
@@ -116,23 +154,27 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 	d := &diffPair{c: c, hasBeneath: beneath}
 	cp := r.counterpart(c.Path)
 	var err error
-	if c.Kind != layers.Created && c.Kind != layers.Linked {
-		d.oldPath = cp
-		if d.old, err = readSide(r.orig, cp); err != nil {
+	if old, ok := r.oldPathOf(c); ok {
+		d.oldPath = old
+		if d.old, err = readSide(r.orig, cp, r.opts.fullBinary); err != nil {
 			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
 		}
 	}
-	if c.Kind == layers.Deleted {
-		return d, nil
+	if c.Kind != layers.Deleted {
+		d.newPath = c.Path
+		if d.new, err = readSide(r.upper, c.Path, r.opts.fullBinary); err != nil {
+			return nil, fmt.Errorf("diff %q: upper: %w", c.Path, err)
+		}
+		if !d.new.exists || d.new.whiteout {
+			// Not copied up: a child of a renamed directory shows the original.
+			if d.new, err = readSide(r.orig, cp, r.opts.fullBinary); err != nil {
+				return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
+			}
+		}
 	}
-	d.newPath = c.Path
-	if d.new, err = readSide(r.upper, c.Path); err != nil {
-		return nil, fmt.Errorf("diff %q: upper: %w", c.Path, err)
-	}
-	if !d.new.exists || d.new.whiteout {
-		// Not copied up: a child of a renamed directory shows the original.
-		if d.new, err = readSide(r.orig, cp); err != nil {
-			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
+	if r.opts.patch {
+		if err := r.readPatchExtras(d); err != nil {
+			return nil, fmt.Errorf("diff %q: %w", c.Path, err)
 		}
 	}
 	return d, nil
@@ -141,7 +183,7 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 // readSide reads the object at rel beneath the directory root. A missing
 // object, or one behind a non-directory or a symlink, gives a side that
 // does not exist.
-func readSide(root int, rel string) (diffSide, error) {
+func readSide(root int, rel string, full bool) (diffSide, error) {
 	var s diffSide
 	var st unix.Stat_t
 	dir, base, ok, err := lstatBeneath(root, rel, &st)
@@ -157,7 +199,7 @@ func readSide(root int, rel string) (diffSide, error) {
 		s.target, err = readlinkAt(dir, base)
 		s.size = int64(len(s.target))
 	case unix.S_IFREG:
-		err = s.readFile(dir, base)
+		err = s.readFile(dir, base, full)
 	case unix.S_IFCHR:
 		s.whiteout = fsutil.IsWhiteout(&st)
 	}
@@ -226,8 +268,8 @@ func readlinkAt(dir int, name string) (string, error) {
 }
 
 // readFile reads the content: only the first binarySniff bytes when they
-// hold a NUL, all of it otherwise.
-func (s *diffSide) readFile(dir int, name string) error {
+// hold a NUL (unless full), all of it otherwise.
+func (s *diffSide) readFile(dir int, name string, full bool) error {
 	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return fmt.Errorf("open: %w", err)
@@ -240,7 +282,7 @@ func (s *diffSide) readFile(dir int, name string) error {
 		return fmt.Errorf("read: %w", err)
 	}
 	s.data = head[:n]
-	if s.binary = bytes.IndexByte(s.data, 0) >= 0; s.binary {
+	if s.binary = bytes.IndexByte(s.data, 0) >= 0; s.binary && !full {
 		h := sha256.New()
 		h.Write(s.data)
 		if _, err := io.Copy(h, f); err != nil {
@@ -249,13 +291,15 @@ func (s *diffSide) readFile(dir int, name string) error {
 		h.Sum(s.sum[:0])
 		return nil
 	}
-	if n < binarySniff {
-		return nil
+	if n == binarySniff {
+		rest, err := io.ReadAll(f)
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		s.data = append(s.data, rest...)
 	}
-	rest, err := io.ReadAll(f)
-	if err != nil {
-		return fmt.Errorf("read: %w", err)
+	if s.binary {
+		s.sum = sha256.Sum256(s.data)
 	}
-	s.data = append(s.data, rest...)
 	return nil
 }

@@ -32,7 +32,7 @@ type statLine struct {
 // writes nothing, as git.
 func DiffStat(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
 	var lines []statLine
-	err := eachDiffPair(cfg, cs, func(d *diffPair) error {
+	err := eachDiffPair(cfg, cs, pairOpts{}, func(d *diffPair) error {
 		if !d.old.exists && !d.new.exists {
 			return nil
 		}
@@ -223,7 +223,7 @@ func NameStatus(w io.Writer, cs layers.ChangeSet) error {
 // content changes (M) by looking at the original's object of each
 // modified path (one lstat each).
 func NameStatusWithTypes(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
-	r, err := openDiffReader(cfg, cs)
+	r, err := openDiffReader(cfg, cs, pairOpts{})
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,8 @@ import (
 // The second set of differential operations: directories held open and
 // the *at calls made relative to them while they are renamed, replaced
 // and removed (the node tree's paths), ownership, fallocate,
-// copy_file_range, writes through mmap, and O_TMPFILE. A seed's history
+// copy_file_range, writes through mmap, O_TMPFILE, and paths through
+// symlinks to directories. A seed's history
 // depends on the set it draws from, so the regression seeds say which set
 // they were found with (diffCommitSeeds), and -diff.opset 1 reruns a
 // history found before this set.
@@ -27,7 +28,7 @@ var flagDiffOpSet = flag.Int("diff.opset", diffOpSetLatest, "operations the diff
 var diffOps2 = []weightedOp{
 	{3, opDirOpen}, {10, opDirAt}, {2, opDirList}, {2, opDirMeta}, {3, opDirMove},
 	{4, opChown}, {1, opFdChown}, {2, opFdFallocate}, {2, opFdCopyRange}, {2, opFdMmapWrite},
-	{2, opTmpfile},
+	{2, opTmpfile}, {3, opViaSymlink},
 }
 
 // diffOpsOf returns the operations of set n.
@@ -498,4 +499,68 @@ func opTmpfile(r *diffRun) diffOp {
 			}
 			return n, unix.Linkat(fd, "", unix.AT_FDCWD, filepath.Join(root, link), unix.AT_EMPTY_PATH)
 		}}
+}
+
+// opViaSymlink reaches a name in a directory through a symlink to it.
+func opViaSymlink(r *diffRun) diffOp {
+	type dirLink struct{ link, dir string }
+	var c []dirLink
+	for _, e := range r.ents {
+		if e.mode&unix.S_IFMT != unix.S_IFLNK {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(filepath.Join(r.ref, e.rel))
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		rel, err := filepath.Rel(r.ref, real)
+		if err != nil || strings.HasPrefix(rel, "..") || unix.Stat(real, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		if rel == "." {
+			rel = ""
+		}
+		c = append(c, dirLink{e.rel, rel})
+	}
+	if len(c) == 0 {
+		return opSymlink(r)
+	}
+	l := c[r.rng.Intn(len(c))]
+	name := r.nameIn(l.dir)
+	via, real := filepath.Join(l.link, name), filepath.Join(l.dir, name)
+	at := fmt.Sprintf("%q (%q through the symlink %q)", via, real, l.link)
+	switch r.rng.Intn(5) {
+	case 0:
+		data := randBytes(r.rng, 1+r.rng.Intn(2000))
+		return writeOp(fmt.Sprintf("append %d bytes to %s", len(data), at), via, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT, 0o644, data, -1)
+	case 1:
+		return diffOp{desc: "lstat " + at, keepsTree: true, check: equalResults, do: func(root string) (any, error) {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(root, via), &st); err != nil {
+				return nil, err
+			}
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				return fmt.Sprintf("%s mode %#o", fileTypeName(st.Mode), st.Mode&0o7777), nil
+			}
+			return fmt.Sprintf("%s mode %#o size %d nlink %d", fileTypeName(st.Mode), st.Mode&0o7777, st.Size, st.Nlink), nil
+		}}
+	case 2:
+		return diffOp{desc: "unlink " + at, do: func(root string) (any, error) {
+			return nil, unix.Unlink(filepath.Join(root, via))
+		}, drops: []string{real}}
+	case 3:
+		return diffOp{desc: "mkdir " + at, do: func(root string) (any, error) {
+			return nil, unix.Mkdir(filepath.Join(root, via), 0o755)
+		}}
+	default:
+		to := r.newPath()
+		op := diffOp{desc: fmt.Sprintf("rename %s -> %q", at, to), do: func(root string) (any, error) {
+			return nil, unix.Rename(filepath.Join(root, via), filepath.Join(root, to))
+		}}
+		if real != to {
+			op.parts, op.drops = []string{real}, []string{to}
+		}
+		return op
+	}
 }

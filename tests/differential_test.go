@@ -284,6 +284,7 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 	if *flagDiffSnapshot != "" {
 		snapshotSandbox(t, r.sb, *flagDiffSnapshot)
 	}
+	r.checkPatch()
 	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "differential", r.sb.mnt)
 	if err != nil {
 		st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)

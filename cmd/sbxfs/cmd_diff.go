@@ -17,18 +17,24 @@ func diffCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT|DIR",
 		Description: `Prints the changes of the sandbox as a git-style unified patch against
 its original: diff --git headers, new/deleted file mode, old/new mode,
-rename from/to, "Binary files ... differ", hunks with -U N lines of
-context (default 3). A symlink's content is its target. Where git has
-no form the patch says it in words: "new directory P" and "deleted
-directory P" for a directory no other change lies beneath, "metadata
-changed P" for an owner, time or xattr change. Modes are the real
-file modes (100640 stays 100640).
+rename from/to, "Binary files ... differ" (with --binary, git's binary
+patch), hunks with -U N lines of context (default 3). A symlink's
+content is its target. A renamed directory shows as a rename of every
+file it moves, as in git. Where git has no form the patch says it in
+words, on lines git apply passes over: "new directory P" and "deleted
+directory P" for a directory no other change lies beneath, "renamed
+directory A -> B", "new fifo P" (socket, device), "mode changed P OLD
+-> NEW" for a directory or one of those, "metadata changed P" for an
+owner, time or xattr change. Modes are the real file modes (100640
+stays 100640). The patch applies with git apply (binary files need
+--binary) to a copy of the original and gives the sandbox's files.
 
 --stat prints git diff --stat lines and a summary; --name-status prints
 A/M/D/T/m PATH and R FROM PATH lines (m: metadata only, T: type change);
 --json prints per change the paths, kind, types, modes, sizes, symlink
 targets, binary flag and added/deleted line counts. The sandbox is named
-as for 'sbxfs status'. Only the changed paths are read.
+as for 'sbxfs status'. Only the changed paths are read (and, for a
+renamed directory, the original's listings beneath it).
 
 The exit code is 0 whether or not there are changes; with --exit-code
 it is 9 when there are changes (git uses 1, which sbxfs uses for internal errors).`,
@@ -37,6 +43,7 @@ it is 9 when there are changes (git uses 1, which sbxfs uses for internal errors
 			&cli.BoolFlag{Name: "name-status", Usage: "print one status letter and path per change"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 			&cli.IntFlag{Name: "unified", Aliases: []string{"U"}, Value: 3, Usage: "`N` lines of context"},
+			&cli.BoolFlag{Name: "binary", Usage: "write binary files' content as git's binary patch (git diff --binary)"},
 			&cli.BoolFlag{Name: "exit-code", Usage: "exit with 9 when there are changes"},
 		},
 		OnUsageError: onUsageError,
@@ -107,5 +114,5 @@ func printDiff(c *cli.Context, cfg layers.Config, cs layers.ChangeSet) error {
 	if context == 0 {
 		context = -1 // DiffOptions: 0 is the default, negative is none
 	}
-	return commit.Diff(w, cfg, cs, commit.DiffOptions{Context: context})
+	return commit.Diff(w, cfg, cs, commit.DiffOptions{Context: context, Binary: c.Bool("binary")})
 }

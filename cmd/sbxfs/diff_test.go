@@ -38,7 +38,7 @@ func TestDiffMountedSandbox(t *testing.T) {
 		"diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1,2 @@\n hello\n+world\n",
 		"diff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+new\n",
 		"diff --git a/del.txt b/del.txt\ndeleted file mode 100644\n--- a/del.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n",
-		"diff --git a/d b/e\nrename from d\nrename to e\n",
+		"renamed directory d -> e\ndiff --git a/d/f.txt b/e/f.txt\nsimilarity index 100%\nrename from d/f.txt\nrename to e/f.txt\n",
 	} {
 		assert.Contains(t, r.stdout, want)
 	}
