@@ -141,15 +141,7 @@ func opDirAt(r *diffRun) diffOp {
 	name := r.nameIn(dir)
 	switch r.rng.Intn(11) {
 	case 0:
-		flags := unix.O_CREAT | unix.O_WRONLY
-		if r.rng.Intn(3) == 0 {
-			flags |= unix.O_EXCL
-		}
-		if r.rng.Intn(3) == 0 {
-			flags |= unix.O_TRUNC
-		}
-		mode := r.pickMode(fileModes)
-		data := randBytes(r.rng, r.rng.Intn(3000))
+		flags, mode, data := r.createArgs()
 		op := r.dirOp(fmt.Sprintf("openat %s %q %s mode %#o, write %d bytes", sd, name, openFlagsName(flags), mode, len(data)), k, false, equalResults,
 			func(dfd int) (any, error) {
 				fd, err := unix.Openat(dfd, name, flags|unix.O_CLOEXEC|unix.O_NONBLOCK, mode)

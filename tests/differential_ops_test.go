@@ -127,16 +127,20 @@ func opCreate(r *diffRun) diffOp {
 	if r.rng.Intn(3) == 0 {
 		rel = r.existing(anyEnt)
 	}
-	flags := unix.O_CREAT | unix.O_WRONLY
+	flags, mode, data := r.createArgs()
+	return writeOp(fmt.Sprintf("create %q %s mode %#o, write %d bytes", rel, openFlagsName(flags), mode, len(data)), rel, flags, mode, data, 0)
+}
+
+// createArgs picks the flags, mode and content of a file creation.
+func (r *diffRun) createArgs() (flags int, mode uint32, data []byte) {
+	flags = unix.O_CREAT | unix.O_WRONLY
 	if r.rng.Intn(3) == 0 {
 		flags |= unix.O_EXCL
 	}
 	if r.rng.Intn(3) == 0 {
 		flags |= unix.O_TRUNC
 	}
-	mode := r.pickMode(fileModes)
-	data := randBytes(r.rng, r.rng.Intn(3000))
-	return writeOp(fmt.Sprintf("create %q %s mode %#o, write %d bytes", rel, openFlagsName(flags), mode, len(data)), rel, flags, mode, data, 0)
+	return flags, r.pickMode(fileModes), randBytes(r.rng, r.rng.Intn(3000))
 }
 
 func opWriteAt(r *diffRun) diffOp {
