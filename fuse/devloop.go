@@ -54,6 +54,7 @@ type devLoop struct {
 
 	taken    atomic.Uint64 // requests read
 	helpers  atomic.Uint64 // readers started for lookups that queued up
+	trimmed  atomic.Uint64 // free buffers whose pages trim gave back
 	finished atomic.Uint64 // requests answered by the readers themselves
 	idle     atomic.Int32  // readers in read(2) or about to be
 	sleeping atomic.Bool   // the watchdog waits for wake
@@ -433,6 +434,7 @@ func (l *devLoop) trim() {
 		if b.dirty {
 			giveBack(b.mem)
 			b.dirty = false
+			l.trimmed.Add(1)
 		}
 	}
 }

@@ -191,6 +191,15 @@ func (s *Server) DevHelpers() uint64 {
 	return s.dev.helpers.Load()
 }
 
+// DevBuffersTrimmed is the number of times a /dev/fuse mount gave back
+// the pages of a buffer a large request had left resident, once quiet.
+func (s *Server) DevBuffersTrimmed() uint64 {
+	if s.dev == nil {
+		return 0
+	}
+	return s.dev.trimmed.Load()
+}
+
 // readaheadKB is the readahead of a mount. The kernel starts a FUSE mount
 // at 128 KiB and INIT can only lower it; reads of original files go
 // through sbxfs (never passthrough), and at 128 KiB a cold sequential read

@@ -122,7 +122,7 @@ func waitServer(srv *fuse.Server, logger *slog.Logger, sigs <-chan os.Signal) er
 				return fmt.Errorf("close the sandbox journal: %w", err)
 			}
 			logger.Info("unmounted", "mountpoint", srv.Mountpoint(), "io_uring_requests", srv.URingRequests(),
-				"lookup_helpers", srv.DevHelpers())
+				"lookup_helpers", srv.DevHelpers(), "buffers_trimmed", srv.DevBuffersTrimmed())
 			return nil
 		case s := <-sigs:
 			logger.Info("unmounting", "signal", s.String())

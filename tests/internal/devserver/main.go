@@ -102,6 +102,6 @@ func run() error {
 		}
 	}()
 	err = srv.Wait()
-	fmt.Printf("unmounted io_uring_requests=%d lookup_helpers=%d\n", srv.URingRequests(), srv.DevHelpers())
+	fmt.Printf("unmounted io_uring_requests=%d lookup_helpers=%d buffers_trimmed=%d\n", srv.URingRequests(), srv.DevHelpers(), srv.DevBuffersTrimmed())
 	return err
 }
