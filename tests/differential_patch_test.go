@@ -18,7 +18,8 @@ import (
 // to a copy of the original as git sees it (without FIFOs, devices and
 // empty directories, which a patch cannot hold) and demands the files and
 // symlinks the mount shows, with their content and executable bits.
-// TestDifferentialCommit runs it before every commit.
+// The differential tests run it at the end of every run (before the
+// commit of TestDifferentialCommit).
 func (r *diffRun) checkPatch() {
 	r.t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {

@@ -232,6 +232,7 @@ func TestDifferential(t *testing.T) {
 	r := newDiffRun(t, seed, !*flagDiffNoLinks)
 	r.run(*flagDiffOps)
 	r.compareTrees("end")
+	r.checkPatch()
 }
 
 // diffCommitSeeds are histories that once broke the commit (kept as
@@ -403,6 +404,7 @@ func TestDifferentialRemount(t *testing.T) {
 	r.compareTrees("after remount")
 	r.run(n - n/2)
 	r.compareTrees("end")
+	r.checkPatch()
 }
 
 func newDiffRun(t *testing.T, seed int64, links bool) *diffRun {
