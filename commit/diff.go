@@ -68,11 +68,28 @@ func (o DiffOptions) context() int {
 // upper) to w.
 func Diff(w io.Writer, cfg layers.Config, cs layers.ChangeSet, opt DiffOptions) error {
 	bw := bufio.NewWriter(w)
-	err := eachDiffPair(cfg, cs, pairOpts{fullBinary: opt.Binary, patch: true}, func(d *diffPair) error { return writePatch(bw, d, opt) })
+	var rest spool
+	defer rest.close()
+	out := &patchOut{first: bw, rest: &rest}
+	err := eachDiffPair(cfg, cs, pairOpts{fullBinary: opt.Binary, patch: true}, func(d *diffPair) error { return writePatch(out, d, opt) })
+	if err == nil {
+		err = rest.copyTo(bw)
+	}
 	if err != nil {
 		return err
 	}
 	return bw.Flush()
+}
+
+// patchOut is where the patch goes: git apply takes an entry that
+// creates or changes a path as acting on what earlier entries left there,
+// so a deletion of an original path the change set reaches from another
+// path (beneath a renamed directory, a file a renamed directory moved and
+// something replaced) comes first, before an entry that may make a new
+// object at that path; the rest follows in change-set order.
+type patchOut struct {
+	first io.Writer
+	rest  *spool
 }
 
 // eachDiffPair reads the sides of every change, in change-set order, and
@@ -149,16 +166,17 @@ func (d *diffPair) content() diffContent {
 }
 
 // writePatch writes the patch of one change.
-func writePatch(w io.Writer, d *diffPair, opt DiffOptions) error {
+func writePatch(out *patchOut, d *diffPair, opt DiffOptions) error {
 	if d.replaced != nil || len(d.gone) > 0 {
 		if d.replaced != nil {
 			del := diffPair{c: layers.Change{Path: d.newPath, Kind: layers.Deleted}, oldPath: d.newPath, old: *d.replaced}
-			if err := writePatch(w, &del, opt); err != nil {
+			if err := writePatch(out, &del, opt); err != nil {
 				return err
 			}
 		}
 		for i := range d.gone {
-			if err := writePatch(w, &d.gone[i], opt); err != nil {
+			d.gone[i].first = true
+			if err := writePatch(out, &d.gone[i], opt); err != nil {
 				return err
 			}
 		}
@@ -175,13 +193,20 @@ func writePatch(w io.Writer, d *diffPair, opt DiffOptions) error {
 		// (Of a copy, only the creation: the old object stays.)
 		del, add := *d, *d
 		del.new, del.newPath = diffSide{}, ""
+		del.first = d.oldPath != d.newPath
 		add.old, add.oldPath, add.patchExtras = diffSide{}, "", patchExtras{}
 		if !d.copied {
-			if err := writePatch(w, &del, opt); err != nil {
+			if err := writePatch(out, &del, opt); err != nil {
 				return err
 			}
 		}
-		return writePatch(w, &add, opt)
+		return writePatch(out, &add, opt)
+	}
+	var w io.Writer = out.rest
+	if d.first && !new.exists {
+		w = out.first
+	}
+	switch {
 	case !old.exists && new.typ() == unix.S_IFDIR:
 		return writeDirLine(w, d, "new directory ", d.newPath)
 	case !new.exists && old.typ() == unix.S_IFDIR:

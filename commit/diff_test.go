@@ -342,6 +342,7 @@ func TestDiffGitApply(t *testing.T) {
 		"d/f": "f\n", "d/g.bin": "\x00g", "d/ln": "-> f", "d/x": "x\n", "d/run.sh": "#!/bin/sh\n",
 		"d/sub/h": "h\n", "d/sub/deep/i": "i\n", "d/out": "out\n", "d/sp ace": "s\n", "fifodir/": "",
 		"over/x": "x\n", "over/y": "y\n", "bak/f": "f\n", "r/keep": "k\n", "r/replaced": "old\n", "other": "other\n",
+		"m/f": "old\n", "m/t": "t\n",
 	}
 	s := newDiffSandbox(t, files)
 	s.write("a.txt", "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n")
@@ -373,6 +374,13 @@ func TestDiffGitApply(t *testing.T) {
 	s.create("bak/f", "new\n")       // copy of f, f a change of the original f
 	s.rename("r", "r2")              // a file that moved with its directory,
 	s.rename("other", "r2/replaced") // then replaced: deleted
+	s.rename("m", "m2")              // the original m/f and m/t are removed
+	s.remove("m2/f")                 // where they moved to (listed after
+	s.remove("m2/t")                 // m), a new m/f and m/t made at their
+	s.mkdir("m2/t")                  // old paths: the removals must come
+	s.mkdir("m")                     // first in the patch (git apply takes
+	s.create("m/f", "new\n")         // an entry as acting on what earlier
+	s.create("m/t", "new t\n")       // ones left)
 	patch := s.diff(DiffOptions{Binary: true})
 	for _, want := range []string{
 		"renamed directory d -> e\nmode changed e 040755 -> 040700\n",
@@ -401,6 +409,7 @@ func TestDiffGitApply(t *testing.T) {
 		"e/f": "f\nchanged\n", "e/g.bin": "\x00g", "e/ln": "-> f", "e/run.sh": "#!/bin/sh\n",
 		"e/sub2/h": "h\n", "e/sub2/deep/i": "i\ni\n", "out": "out\n", "e/sp ace": "s\n",
 		"over/x": "y\n", "bak/f~": "f\n", "bak/f": "new\n", "r2/keep": "k\n", "r2/replaced": "other\n",
+		"m/f": "new\n", "m/t": "new t\n",
 	}
 	got, executable := map[string]string{}, map[string]bool{}
 	require.NoError(t, filepath.WalkDir(work, func(p string, d fs.DirEntry, err error) error {

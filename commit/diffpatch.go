@@ -32,12 +32,13 @@ import (
 //     change a path an entry renamed away, and reads a copy's source as
 //     the original has it.
 
-// patchExtras are a pair's patch-only parts.
+// patchExtras are a pair's patch-only parts. first: a deletion the
+// patch writes before the rest (patchOut).
 type patchExtras struct {
-	copied   bool
-	moved    []movedFile
-	gone     []diffPair
-	replaced *diffSide
+	copied, first bool
+	moved         []movedFile
+	gone          []diffPair
+	replaced      *diffSide
 }
 
 // movedFile is a file that moves with its renamed directory, from its
@@ -51,6 +52,7 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 	c := d.c
 	_, hasOld := r.oldPathOf(c)
 	d.copied = hasOld && r.claimed(d.oldPath, c)
+	d.first = c.Kind == layers.Deleted && d.oldPath != c.Path
 	if c.Kind != layers.Deleted && (!hasOld || d.oldPath != c.Path) && !r.handled(c.Path) {
 		old, err := readSide(r.orig, c.Path, r.opts.fullBinary)
 		if err != nil {
