@@ -139,6 +139,14 @@ func (s *diffSandbox) rename(from, to string) {
 	require.NoError(s.t, s.l.Rename(od, s.lookup(od).Obj, on, &src, nd, s.lookup(nd).Obj, nn, 0, s.c))
 }
 
+func (s *diffSandbox) exchange(a, b string) {
+	s.t.Helper()
+	ad, an := splitParent(a)
+	bd, bn := splitParent(b)
+	src := s.lookup(a).Obj
+	require.NoError(s.t, s.l.Rename(ad, s.lookup(ad).Obj, an, &src, bd, s.lookup(bd).Obj, bn, unix.RENAME_EXCHANGE, s.c))
+}
+
 func (s *diffSandbox) mkfifo(p string) {
 	s.t.Helper()
 	dir, name := splitParent(p)
@@ -342,7 +350,8 @@ func TestDiffGitApply(t *testing.T) {
 		"d/f": "f\n", "d/g.bin": "\x00g", "d/ln": "-> f", "d/x": "x\n", "d/run.sh": "#!/bin/sh\n",
 		"d/sub/h": "h\n", "d/sub/deep/i": "i\n", "d/out": "out\n", "d/sp ace": "s\n", "fifodir/": "",
 		"over/x": "x\n", "over/y": "y\n", "bak/f": "f\n", "r/keep": "k\n", "r/replaced": "old\n", "other": "other\n",
-		"m/f": "old\n", "m/t": "t\n",
+		"m/f": "old\n", "m/t": "t\n", "q/sub/f": "f\n", "q/sub/g": "g\n", "q/h": "h\n",
+		"w/b/f": "f\n", "w/k": "k\n",
 	}
 	s := newDiffSandbox(t, files)
 	s.write("a.txt", "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n")
@@ -381,6 +390,19 @@ func TestDiffGitApply(t *testing.T) {
 	s.mkdir("m")                     // first in the patch (git apply takes
 	s.create("m/f", "new\n")         // an entry as acting on what earlier
 	s.create("m/t", "new t\n")       // ones left)
+	s.rename("q", "q2")              // a subdirectory of a moved directory
+	s.mkdir("q")                     // removed, one of its files made anew
+	s.mkdir("q/sub")                 // at its original path: nothing of
+	s.create("q/sub/f", "new\n")     // q/sub moves to q2
+	s.remove("q2/sub/f")
+	s.remove("q2/sub/g")
+	s.remove("q2/sub")
+	s.mkdir("t")           // the original w/b exchanged for a new directory
+	s.exchange("w/b", "t") // and removed where it went; w moved and the
+	s.remove("t/f")        // new w/b removed there: the change set says
+	s.remove("t")          // w2/b is removed, which the patch takes for the
+	s.rename("w", "w2")    // original w/b: its files go too, none moves
+	s.remove("w2/b")
 	patch := s.diff(DiffOptions{Binary: true})
 	for _, want := range []string{
 		"renamed directory d -> e\nmode changed e 040755 -> 040700\n",
@@ -409,7 +431,7 @@ func TestDiffGitApply(t *testing.T) {
 		"e/f": "f\nchanged\n", "e/g.bin": "\x00g", "e/ln": "-> f", "e/run.sh": "#!/bin/sh\n",
 		"e/sub2/h": "h\n", "e/sub2/deep/i": "i\ni\n", "out": "out\n", "e/sp ace": "s\n",
 		"over/x": "y\n", "bak/f~": "f\n", "bak/f": "new\n", "r2/keep": "k\n", "r2/replaced": "other\n",
-		"m/f": "new\n", "m/t": "new t\n",
+		"m/f": "new\n", "m/t": "new t\n", "q/sub/f": "new\n", "q2/h": "h\n", "w2/k": "k\n",
 	}
 	got, executable := map[string]string{}, map[string]bool{}
 	require.NoError(t, filepath.WalkDir(work, func(p string, d fs.DirEntry, err error) error {

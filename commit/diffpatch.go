@@ -114,30 +114,37 @@ func (r *diffReader) handled(p string) bool {
 }
 
 // movedWith fills d.moved and d.gone with the files and symlinks beneath
-// the original directory from, which the rename moves to beneath to,
-// leaving out those with a change of their own.
+// the original directory from, which the rename moves to beneath to:
+// moved where nothing changed them, gone where another object took their
+// place or a directory above them is gone from where it moved; those
+// with a change of their own (or one that claims them) are left to it.
 func (r *diffReader) movedWith(d *diffPair, from, to string) error {
-	return r.walkOriginal(from, to, func(o, n string) error {
+	return r.walkOriginal(from, to, func(o, n string, dir bool) (bool, error) {
+		c, changed := r.changes[n]
 		switch {
-		case !hasChange(r.changes, n):
-			d.moved = append(d.moved, movedFile{o, n, r.inPlace[o]})
-		case !comparesWith(r, r.changes[n], o):
-			// Another object took its place in the sandbox.
-			return r.addGone(d, o)
+		case !changed:
+			if !dir {
+				d.moved = append(d.moved, movedFile{o, n, r.inPlace[o]})
+			}
+			return true, nil
+		case dir && (c.Kind == layers.Deleted || !comparesWith(r, c, o)):
+			return false, r.goneBeneath(d, o)
+		case dir, comparesWith(r, c, o), r.inPlace[o]:
+			return true, nil
 		}
-		return nil
+		return false, r.addGone(d, o)
 	})
 }
 
 // goneBeneath fills d.gone with the files and symlinks beneath the
-// original directory at p, which the sandbox replaced, that no other
-// change deals with.
+// original directory at p, which the sandbox removed or replaced, that
+// no other change deals with.
 func (r *diffReader) goneBeneath(d *diffPair, p string) error {
-	return r.walkOriginal(p, p, func(o, _ string) error {
-		if r.olds[o] {
-			return nil
+	return r.walkOriginal(p, p, func(o, _ string, dir bool) (bool, error) {
+		if dir || r.olds[o] {
+			return true, nil
 		}
-		return r.addGone(d, o)
+		return false, r.addGone(d, o)
 	})
 }
 
@@ -150,11 +157,12 @@ func (r *diffReader) addGone(d *diffPair, o string) error {
 	return nil
 }
 
-// walkOriginal calls fn for every file and symlink beneath the original
-// directory from (o), with its path beneath to (n), leaving out what is
-// renamed on its own (a rename source, and everything beneath one). It
-// lists the original's directories beneath from, in name order.
-func (r *diffReader) walkOriginal(from, to string, fn func(o, n string) error) error {
+// walkOriginal calls fn for every directory, file and symlink beneath the
+// original directory from (o), with its path beneath to (n), leaving out
+// what is renamed on its own (a rename source, and everything beneath
+// one), and enters a directory when fn says so. It lists the original's
+// directories, in name order.
+func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, dir bool) (bool, error)) error {
 	fd, err := fsutil.OpenBeneath(r.orig, from, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return err
@@ -168,12 +176,12 @@ func (r *diffReader) walkOriginal(from, to string, fn func(o, n string) error) e
 	slices.SortFunc(ents, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	for _, e := range ents {
 		o, n := path.Join(from, e.Name()), path.Join(to, e.Name())
-		switch {
-		case r.sources[o]:
-		case e.IsDir():
+		if r.sources[o] || !e.IsDir() && !e.Type().IsRegular() && e.Type()&os.ModeSymlink == 0 {
+			continue
+		}
+		enter, err := fn(o, n, e.IsDir())
+		if err == nil && enter && e.IsDir() {
 			err = r.walkOriginal(o, n, fn)
-		case e.Type().IsRegular() || e.Type()&os.ModeSymlink != 0:
-			err = fn(o, n)
 		}
 		if err != nil {
 			return err
@@ -186,9 +194,4 @@ func (r *diffReader) walkOriginal(from, to string, fn func(o, n string) error) e
 func comparesWith(r *diffReader, c layers.Change, o string) bool {
 	old, ok := r.oldPathOf(c)
 	return ok && old == o
-}
-
-func hasChange(m map[string]layers.Change, p string) bool {
-	_, ok := m[p]
-	return ok
 }

@@ -73,8 +73,8 @@ type diffReader struct {
 	renamed     map[string]string
 	opts        pairOpts
 	// For the patch (diffpatch.go): the changes by sandbox path; the
-	// original paths of renames; the original paths some change
-	// compares with (olds), with the same path (inPlace).
+	// original paths of renames; the original paths some change the
+	// patch writes compares with (olds), with the same path (inPlace).
 	changes                map[string]layers.Change
 	sources, olds, inPlace map[string]bool
 }
@@ -105,10 +105,10 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 		}
 	}
 	for _, c := range cs.Changes {
+		r.changes[c.Path] = c
 		if r.movedInDeletion(c) {
 			continue
 		}
-		r.changes[c.Path] = c
 		if old, ok := r.oldPathOf(c); ok {
 			r.olds[old] = true
 		}
