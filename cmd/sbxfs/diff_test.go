@@ -64,6 +64,15 @@ func TestDiffMountedSandbox(t *testing.T) {
 
 	r = runBin(t, bin, "diff", "--stat", "--json", f.mnt)
 	assertFailure(t, r, exitUsage, "exclude one another")
+
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "bin.dat"), []byte("\x00\x01binary"), 0o644))
+	r = runBin(t, bin, "diff", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "new file mode 100644\nBinary files /dev/null and b/bin.dat differ\n")
+	r = runBin(t, bin, "diff", "--binary", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "new file mode 100644\nindex 0000000000000000000000000000000000000000..")
+	assert.Contains(t, r.stdout, "\nGIT binary patch\nliteral 8\n")
 }
 
 // checkDiffJSON checks that sbxfs diff --json parses and describes the
