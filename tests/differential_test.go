@@ -33,7 +33,8 @@ var flagDiffAvoid = flag.String("diff.avoid", "", "comma-separated known bugs th
 	"dirmtime (a directory's mtime changed by a copy-up beneath it), "+
 	"openunlink (unlinking or renaming files the run holds open), "+
 	"xattrflags (setxattr with XATTR_CREATE or XATTR_REPLACE: sbxfs fails before a copy-up, kernel overlayfs after), "+
-	"fds (operations on descriptors kept open: kernel overlayfs reports the original's link count for an unlinked file and fails a fchmod of it with EEXIST)")
+	"fds (operations on descriptors kept open: kernel overlayfs reports the original's link count for an unlinked file and fails a fchmod of it with EEXIST), "+
+	"noopchown (chown(-1, -1): kernel overlayfs copies the object up, sbxfs does not)")
 
 var flagDiffNoPassthrough = flag.Bool("diff.nopassthrough", false, "mount the differential tests' sandbox without FUSE passthrough")
 
