@@ -351,7 +351,7 @@ func TestDiffGitApply(t *testing.T) {
 		"d/sub/h": "h\n", "d/sub/deep/i": "i\n", "d/out": "out\n", "d/sp ace": "s\n", "fifodir/": "",
 		"over/x": "x\n", "over/y": "y\n", "bak/f": "f\n", "r/keep": "k\n", "r/replaced": "old\n", "other": "other\n",
 		"m/f": "old\n", "m/t": "t\n", "q/sub/f": "f\n", "q/sub/g": "g\n", "q/h": "h\n",
-		"w/b/f": "f\n", "w/k": "k\n",
+		"w/b/f": "f\n", "w/k": "k\n", "gone/f": "f\n", "gone/sub/g": "g\n",
 	}
 	s := newDiffSandbox(t, files)
 	s.write("a.txt", "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n")
@@ -403,6 +403,11 @@ func TestDiffGitApply(t *testing.T) {
 	s.remove("t")          // w2/b is removed, which the patch takes for the
 	s.rename("w", "w2")    // original w/b: its files go too, none moves
 	s.remove("w2/b")
+	s.rename("gone", "gone2") // mv gone gone2; rm -r gone2: the change set
+	s.remove("gone2/sub/g")   // names the files by where they were
+	s.remove("gone2/sub")     // removed, which the original does not
+	s.remove("gone2/f")       // have: they go with the removed directory
+	s.remove("gone2")
 	patch := s.diff(DiffOptions{Binary: true})
 	for _, want := range []string{
 		"renamed directory d -> e\nmode changed e 040755 -> 040700\n",

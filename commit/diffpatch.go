@@ -18,6 +18,8 @@ import (
 //   - a directory rename moves every file beneath it: each is named, as
 //     git names them (moved); one whose place in the sandbox another
 //     object took is deleted (gone);
+//   - the files beneath a removed original directory that no change
+//     names are deleted with it (gone);
 //   - an original object that the sandbox replaced without a change of
 //     its own (a file renamed over it: `mv y x`; a directory moved away
 //     by an exchange and a new one in its place) is deleted first
@@ -67,8 +69,15 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 			}
 		}
 	}
-	if c.Kind == layers.Renamed && d.old.typ() == unix.S_IFDIR && d.new.typ() == unix.S_IFDIR {
+	switch {
+	case d.old.typ() != unix.S_IFDIR:
+	case d.new.typ() == unix.S_IFDIR && c.Kind == layers.Renamed:
 		return r.movedWith(d, d.oldPath, c.Path)
+	case d.new.typ() != unix.S_IFDIR:
+		// An original directory removed (or replaced by another type):
+		// its files went first, where the change set may name them by
+		// paths they had elsewhere; those it does not name go with it.
+		return r.goneBeneath(d, d.oldPath)
 	}
 	return nil
 }
@@ -148,7 +157,13 @@ func (r *diffReader) goneBeneath(d *diffPair, p string) error {
 	})
 }
 
+// addGone adds the deletion of the original's o to d, unless the patch
+// deletes it already (two changes may reach one removed directory).
 func (r *diffReader) addGone(d *diffPair, o string) error {
+	if r.gone[o] {
+		return nil
+	}
+	r.gone[o] = true
 	old, err := readSide(r.orig, o, r.opts.fullBinary)
 	if err != nil {
 		return err

@@ -77,6 +77,7 @@ type diffReader struct {
 	// patch writes compares with (olds), with the same path (inPlace).
 	changes                map[string]layers.Change
 	sources, olds, inPlace map[string]bool
+	gone                   map[string]bool // deletions added (addGone)
 }
 
 func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*diffReader, error) {
@@ -84,7 +85,7 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 		return nil, fmt.Errorf("diff: the layers need an upper and an original")
 	}
 	r := &diffReader{upper: -1, orig: -1, renamed: map[string]string{}, opts: opts, changes: map[string]layers.Change{},
-		sources: map[string]bool{}, olds: map[string]bool{}, inPlace: map[string]bool{}}
+		sources: map[string]bool{}, olds: map[string]bool{}, inPlace: map[string]bool{}, gone: map[string]bool{}}
 	var err error
 	if r.upper, err = unix.Open(cfg.Upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, fmt.Errorf("diff: open upper %q: %w", cfg.Upper, err)
