@@ -376,17 +376,7 @@ func opDirMove(r *diffRun) diffOp {
 	if r.rng.Intn(5) == 0 {
 		flags, what = unix.RENAME_EXCHANGE, "rename EXCHANGE"
 	}
-	op := diffOp{desc: fmt.Sprintf("%s %q -> %q (%s)", what, src, dst, sd), do: func(root string) (any, error) {
-		return nil, unix.Renameat2(unix.AT_FDCWD, filepath.Join(root, src), unix.AT_FDCWD, filepath.Join(root, dst), flags)
-	}}
-	switch {
-	case src == dst:
-	case flags == unix.RENAME_EXCHANGE:
-		op.parts = []string{src, dst}
-	default:
-		op.parts, op.drops = []string{src}, []string{dst}
-	}
-	return op
+	return renameOp(fmt.Sprintf("%s %q -> %q (%s)", what, src, dst, sd), src, dst, flags)
 }
 
 func opChown(r *diffRun) diffOp {

@@ -290,7 +290,13 @@ func opRename(r *diffRun) diffOp {
 	case 1:
 		flags, name = unix.RENAME_EXCHANGE, "rename EXCHANGE"
 	}
-	op := diffOp{desc: fmt.Sprintf("%s %q -> %q", name, src, dst), do: func(root string) (any, error) {
+	return renameOp(fmt.Sprintf("%s %q -> %q", name, src, dst), src, dst, flags)
+}
+
+// renameOp renames src to dst (paths from the root) with renameat2's
+// flags.
+func renameOp(desc, src, dst string, flags uint) diffOp {
+	op := diffOp{desc: desc, do: func(root string) (any, error) {
 		return nil, unix.Renameat2(unix.AT_FDCWD, filepath.Join(root, src), unix.AT_FDCWD, filepath.Join(root, dst), flags)
 	}}
 	switch {
