@@ -477,3 +477,83 @@ func TestDiffEmptyAndErrors(t *testing.T) {
 	assert.Error(t, Diff(&b, s.cfg, cs, DiffOptions{}), "a path that leaves the root is refused")
 	assert.Error(t, Diff(&b, layers.Config{}, s.changes(), DiffOptions{}))
 }
+
+// TestDiffListsRemovalsAtOriginalPaths: the change set names a removal
+// by the last path its object had (the commit works in final paths), but
+// status and the diff forms name it by its original path, once, and not
+// where another change takes the original's object there.
+func TestDiffListsRemovalsAtOriginalPaths(t *testing.T) {
+	t.Parallel()
+	listing := func(cs layers.ChangeSet) string {
+		var b bytes.Buffer
+		require.NoError(t, NameStatus(&b, cs))
+		return b.String()
+	}
+	t.Run("a renamed directory removed", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"d/f": "f\n", "d/sub/g": "g\ng\n"})
+		s.rename("d", "e")
+		s.remove("e/sub/g")
+		s.remove("e/sub")
+		s.remove("e/f")
+		s.remove("e")
+		cs := s.changes()
+		var raw []string
+		for _, c := range cs.Changes {
+			raw = append(raw, c.Path)
+		}
+		assert.Contains(t, raw, "e/f", "the commit's change set names the final path")
+		assert.Equal(t, "D\td\nD\td/f\nD\td/sub\nD\td/sub/g\n", listing(cs))
+		var b bytes.Buffer
+		require.NoError(t, DiffStat(&b, s.cfg, cs))
+		assert.Equal(t, " d/f     | 1 -\n d/sub/g | 2 --\n 2 files changed, 3 deletions(-)\n", b.String())
+	})
+	t.Run("a directory replaced by a renamed one, then removed", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"a/x": "a\n", "b/x": "bbb\nbbb\n"})
+		s.rename("b", "c")
+		s.rename("a", "b")
+		s.remove("c/x")
+		s.remove("c")
+		cs := s.changes()
+		assert.Equal(t, "D\tb\nR\ta\tb\nD\tb/x\n", listing(cs))
+		fds, err := DiffJSON(s.cfg, cs)
+		require.NoError(t, err)
+		var gone *FileDiff
+		for i := range fds {
+			if fds[i].Path == "b/x" {
+				gone = &fds[i]
+			}
+		}
+		require.NotNil(t, gone, "%+v", fds)
+		assert.Equal(t, "D", gone.Status)
+		require.NotNil(t, gone.OldSize)
+		assert.EqualValues(t, 8, *gone.OldSize, "the old side is the original b/x, not a/x renamed there")
+		assert.Equal(t, 2, gone.Deleted)
+	})
+	t.Run("a file moved into a renamed directory and removed", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"d/x": "x\n", "y": "y\n"})
+		s.rename("d/x", "z")
+		s.rename("y", "d/x")
+		s.rename("d", "e")
+		s.remove("e/x")
+		assert.Equal(t, "R\td\te\nD\ty\nR\td/x\tz\n", listing(s.changes()))
+	})
+	t.Run("a removal another change takes", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"f": "old\n"})
+		s.rename("f", "g")
+		s.create("f", "new\n")
+		s.remove("g")
+		assert.Equal(t, "M\tf\n", listing(s.changes()))
+	})
+	t.Run("a directory in place of a moved and removed original file", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"f": "old\n"})
+		s.rename("f", "g")
+		s.mkdir("f")
+		s.remove("g")
+		assert.Equal(t, "T\tf\n", listing(s.changes()), "a type change, as git shows it")
+	})
+}

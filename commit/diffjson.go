@@ -44,7 +44,7 @@ type FileDiff struct {
 // types, modes, sizes, symlink targets and line counts of both sides.
 func DiffJSON(cfg layers.Config, cs layers.ChangeSet) ([]FileDiff, error) {
 	out := []FileDiff{}
-	err := eachDiffPair(cfg, cs, pairOpts{}, func(d *diffPair) error {
+	err := eachDiffPair(cfg, listed(cs), pairOpts{}, func(d *diffPair) error {
 		out = append(out, fileDiffOf(d))
 		return nil
 	})

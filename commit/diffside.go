@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -120,8 +119,11 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 // oldPathOf is the original path c compares with (false for a new
 // object).
 func (r *diffReader) oldPathOf(c layers.Change) (string, bool) {
-	if c.Kind == layers.Created || c.Kind == layers.Linked {
+	switch {
+	case c.Kind == layers.Created || c.Kind == layers.Linked:
 		return "", false
+	case c.Kind == layers.Deleted && c.Original != "" && c.Original == c.Path:
+		return c.Original, true // a Listing's removal: an original path
 	}
 	return r.counterpart(c.Path), true
 }
@@ -136,18 +138,7 @@ func (r *diffReader) close() {
 
 // counterpart is the original path of what is at p in the sandbox: p
 // translated through its nearest renamed ancestor (or its own rename).
-func (r *diffReader) counterpart(p string) string {
-	for q := p; ; {
-		if from, ok := r.renamed[q]; ok {
-			return from + p[len(q):]
-		}
-		i := strings.LastIndexByte(q, '/')
-		if i < 0 {
-			return p
-		}
-		q = q[:i]
-	}
-}
+func (r *diffReader) counterpart(p string) string { return layers.Counterpart(r.renamed, p) }
 
 // pair reads both sides of c. beneath tells whether another change of
 // the set lies under c.Path.
@@ -157,8 +148,8 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 	var err error
 	if old, ok := r.oldPathOf(c); ok {
 		d.oldPath = old
-		if d.old, err = readSide(r.orig, cp, r.opts.fullBinary); err != nil {
-			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
+		if d.old, err = readSide(r.orig, old, r.opts.fullBinary); err != nil {
+			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, old, err)
 		}
 	}
 	if c.Kind != layers.Deleted {

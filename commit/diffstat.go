@@ -32,7 +32,7 @@ type statLine struct {
 // writes nothing, as git.
 func DiffStat(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
 	var lines []statLine
-	err := eachDiffPair(cfg, cs, pairOpts{}, func(d *diffPair) error {
+	err := eachDiffPair(cfg, listed(cs), pairOpts{}, func(d *diffPair) error {
 		if !d.old.exists && !d.new.exists {
 			return nil
 		}
@@ -239,7 +239,7 @@ func NameStatusWithTypes(w io.Writer, cfg layers.Config, cs layers.ChangeSet) er
 
 func writeNameStatus(w io.Writer, cs layers.ChangeSet, oldType func(layers.Change) (string, error)) error {
 	bw := bufio.NewWriter(w)
-	for _, c := range cs.Changes {
+	for _, c := range cs.Listing() {
 		line := statusLetter(c, "") + "\t" + gitQuote(c.Path)
 		switch c.Kind {
 		case layers.Renamed:
@@ -277,6 +277,11 @@ func statusLetter(c layers.Change, oldType string) string {
 		return "M"
 	}
 	return "?"
+}
+
+// listed is the change set as Listing shows it.
+func listed(cs layers.ChangeSet) layers.ChangeSet {
+	return layers.ChangeSet{Changes: cs.Listing()}
 }
 
 // b64IfInvalid returns s base64-encoded when it is not valid UTF-8 (JSON

@@ -33,6 +33,12 @@ type Change struct {
 	Kind ChangeKind `json:"kind"`
 	From string     `json:"from,omitempty"`
 	Type string     `json:"type"`
+	// Original, for a removal, is the original path of the object the
+	// sandbox removed when that is not Path: the object, or a directory
+	// above it, was moved before it was removed (mv d e; rm -r e). The
+	// change set names a removal by the object's last path, as the
+	// commit's planner works in final paths; Listing shows it here.
+	Original string `json:"original,omitempty"`
 }
 
 // ChangeSet is every path a sandbox changed, sorted by path.
@@ -310,9 +316,14 @@ func checkPaths(recs []Record) error {
 
 // counterpart is the original path of what sits at p now: p itself, or
 // p translated through the nearest renamed ancestor (or p's own rename).
-func (t *touched) counterpart(p string) string {
+func (t *touched) counterpart(p string) string { return Counterpart(t.from, p) }
+
+// Counterpart translates p through renamed (a path -> the original path
+// it was renamed from): p's own rename, else its nearest renamed
+// ancestor's, else p itself.
+func Counterpart(renamed map[string]string, p string) string {
 	for q := p; ; {
-		if from, ok := t.from[q]; ok {
+		if from, ok := renamed[q]; ok {
 			return from + p[len(q):]
 		}
 		i := strings.LastIndexByte(q, '/')
@@ -367,6 +378,9 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		return c, false, nil
 	case !inOv:
 		c.Kind, c.Type = Deleted, TypeName(lo.st.Mode)
+		if lo.origin.Path != p {
+			c.Original = lo.origin.Path
+		}
 		return c, true, nil
 	}
 	c.Type = TypeName(ov.Stat.Mode)

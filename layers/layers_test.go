@@ -277,8 +277,13 @@ func TestChangeSetInsideRenamedDir(t *testing.T) {
 	assert.Equal(t, []Change{
 		{Path: "documentation", Kind: Renamed, From: "docs", Type: "dir"},
 		{Path: "documentation/edit", Kind: Modified, Type: "file"},
-		{Path: "documentation/notes", Kind: Deleted, Type: "file"},
+		{Path: "documentation/notes", Kind: Deleted, Type: "file", Original: "docs/notes"},
 	}, cs.Changes)
+	assert.Equal(t, []Change{
+		{Path: "docs/notes", Kind: Deleted, Type: "file", Original: "docs/notes"},
+		{Path: "documentation", Kind: Renamed, From: "docs", Type: "dir"},
+		{Path: "documentation/edit", Kind: Modified, Type: "file"},
+	}, cs.Listing(), "status names the removal by its original path")
 }
 
 func TestChangeSetNestedRenames(t *testing.T) {

@@ -104,14 +104,19 @@ func TestPermissionBitsZero(t *testing.T) {
 	})
 }
 
-// statusChanges reads the change set with `sbxfs status --json` (when the
-// CLI serves) and with layers.Changes; both must agree.
+// statusChanges reads the change set as status lists it with `sbxfs
+// status --json` (when the CLI serves) and with layers.Changes and
+// Listing; both must agree.
 func statusChanges(t *testing.T, sb *sandbox) []layers.Change {
 	t.Helper()
 	cs, err := layers.Changes(sb.layersConfig())
 	require.NoError(t, err, "layers.Changes")
+	listing := cs.Listing()
+	for i := range listing {
+		listing[i].Original = "" // status names the path, now an original one
+	}
 	if sb.useStandIn() {
-		return cs.Changes
+		return listing
 	}
 	out, err := runTimeout(20*time.Second, cliBin, "status", "--json", sb.mnt)
 	require.NoError(t, err, "sbxfs status --json: %s", out)
@@ -119,7 +124,7 @@ func statusChanges(t *testing.T, sb *sandbox) []layers.Change {
 		Changes []layers.Change `json:"changes"`
 	}
 	require.NoError(t, json.Unmarshal(out, &st), "status output: %s", out)
-	assert.Equal(t, cs.Changes, st.Changes, "sbxfs status --json and layers.Changes disagree")
+	assert.Equal(t, listing, st.Changes, "sbxfs status --json and layers.Changes disagree")
 	return st.Changes
 }
 

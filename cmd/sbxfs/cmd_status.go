@@ -79,7 +79,8 @@ func runStatus(c *cli.Context) error {
 	if sb.mount != nil {
 		st.Mounted, st.Mountpoint = true, sb.mount.Mountpoint
 	}
-	for _, ch := range cs.Changes {
+	listing := cs.Listing()
+	for _, ch := range listing {
 		st.Changes = append(st.Changes, toChangeJSON(ch))
 	}
 	if c.Bool("json") {
@@ -87,7 +88,7 @@ func runStatus(c *cli.Context) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	return printChanges(c.App.Writer, cs.Changes)
+	return printChanges(c.App.Writer, listing)
 }
 
 // findSandbox returns the work directory of the sandbox arg names: an sbxfs

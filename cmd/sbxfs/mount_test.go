@@ -327,3 +327,31 @@ func TestMountJSON(t *testing.T) {
 	assert.True(t, isMounted(t, f.mnt), "mounted when sbxfs mount --json returns")
 	require.Equal(t, 0, runBin(t, bin, "unmount", f.mnt).code)
 }
+
+// TestStatusNamesRemovalsByOriginalPath: after mv d e; rm -r e in a
+// mounted sandbox, status lists the original's d and its files as
+// removed, never the paths e/... the original never had.
+func TestStatusNamesRemovalsByOriginalPath(t *testing.T) {
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "sub", "f"), []byte("f\n"), 0o644))
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, os.Rename(filepath.Join(f.mnt, "sub"), filepath.Join(f.mnt, "moved")))
+	require.NoError(t, os.RemoveAll(filepath.Join(f.mnt, "moved")))
+
+	r = runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, "D sub\nD sub/f\n2 changes: 2 deleted\n", r.stdout)
+	st := statusOf(t, f.mnt)
+	require.Len(t, st.Changes, 2, "%+v", st.Changes)
+	assert.Equal(t, "sub/f", st.Changes[1].Path)
+	r = runBin(t, bin, "diff", "--name-status", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, "D\tsub\nD\tsub/f\n", r.stdout)
+	r = runBin(t, bin, "diff", "--stat", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, " sub/f | 1 -\n")
+	require.Equal(t, 0, runBin(t, bin, "unmount", f.mnt).code)
+}
