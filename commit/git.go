@@ -43,6 +43,9 @@ type GitCommitOptions struct {
 	AuthorName  string
 	AuthorEmail string
 	When        time.Time // default: now
+	// Moves are the directories renamed (GitMoves of the changes): the
+	// files HEAD tracks beneath them move with them.
+	Moves []GitMove
 }
 
 // Errors of GitCommit.
@@ -58,8 +61,12 @@ var (
 // their current state in the work tree: a regular file becomes a blob of
 // mode 100644 or 100755, a symlink a 120000 blob of its target, a missing
 // path (or one behind a symlink) is removed with everything beneath it,
-// and a directory only drops a file recorded at its path (its files are
-// committed when they are listed themselves). HEAD's branch (or a
+// a directory only drops a file recorded at its path (its files are
+// committed when they are listed themselves), and a FIFO, socket or
+// device is left out (git holds none; git add -A passes over them): a
+// path HEAD tracks keeps its entry, and git status shows it changed.
+// Opt.Moves move HEAD's files beneath renamed directories first (see
+// GitMove). HEAD's branch (or a
 // detached HEAD) moves to the new commit and the listed paths' index
 // entries are staged to the committed state; every other index entry and
 // work tree file stays as it was. An unborn branch gets a root commit.
@@ -76,7 +83,11 @@ func GitCommit(root string, paths []string, opt GitCommitOptions) (string, error
 	if err != nil {
 		return "", err
 	}
-	h, err := g.commit(rel, opt)
+	moves, err := g.workMoves(opt.Moves)
+	if err != nil {
+		return "", err
+	}
+	h, err := g.commit(rel, moves, opt)
 	if err != nil {
 		return "", fmt.Errorf("git commit in %s: %w", g.top, err)
 	}
@@ -193,7 +204,7 @@ func (g *gitWork) head() (plumbing.ReferenceName, plumbing.Hash, error) {
 	return ref.Target(), branch.Hash(), nil
 }
 
-func (g *gitWork) commit(paths []string, opt GitCommitOptions) (plumbing.Hash, error) {
+func (g *gitWork) commit(paths []string, moves gitMoves, opt GitCommitOptions) (plumbing.Hash, error) {
 	lock, err := lockGitFile(filepath.Join(g.dirs.dir, "index"))
 	if err != nil {
 		return plumbing.ZeroHash, err
@@ -215,10 +226,14 @@ func (g *gitWork) commit(paths []string, opt GitCommitOptions) (plumbing.Hash, e
 		}
 		tree, parents = newGitTree(g.repo.Storer, pc.TreeHash), []plumbing.Hash{parent}
 	}
+	if err := tree.move(moves); err != nil {
+		return plumbing.ZeroHash, err
+	}
 	edit, err := g.stage(tree, paths)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
+	edit.moves = moves
 	treeHash, err := tree.write()
 	if err != nil {
 		return plumbing.ZeroHash, err
@@ -279,6 +294,8 @@ func (g *gitWork) stage(tree *gitTree, paths []string) (*gitIndexEdit, error) {
 			return nil, fmt.Errorf("%q: %w", p, err)
 		}
 		switch {
+		case f.special:
+			continue // HEAD's entry, if any, and the index stay
 		case !f.exists:
 			err = tree.remove(p, false)
 			edit.remove(p)

@@ -199,7 +199,6 @@ func TestGitCommitErrors(t *testing.T) {
 		{"path with ..", dir, []string{"../a"}, "m", fsutil.ErrPathEscapes, ""},
 		{"absolute path", dir, []string{"/etc/passwd"}, "m", fsutil.ErrPathEscapes, ""},
 		{"path into .git", dir, []string{".git/config"}, "m", fsutil.ErrPathEscapes, ""},
-		{"fifo", dir, []string{"fifo"}, "m", nil, "git stores only files"},
 		{"missing root", filepath.Join(plain, "nope"), []string{"a"}, "m", os.ErrNotExist, ""},
 	}
 	for _, tt := range tests {
@@ -213,9 +212,93 @@ func TestGitCommitErrors(t *testing.T) {
 	assert.Equal(t, head, gitIn(t, dir, "rev-parse", "HEAD"), "a refused commit moves nothing")
 	assert.NoFileExists(t, filepath.Join(dir, ".git", "index.lock"))
 
+	// A FIFO is left out, as git add -A leaves it, where git rejects
+	// git add fifo: the commit records the rest.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a"), []byte("changed\n"), 0o644))
+	_, err = GitCommit(dir, []string{"fifo", "a"}, GitCommitOptions{Message: "m"})
+	require.NoError(t, err)
+	assert.Equal(t, "M\ta", strings.TrimSpace(gitIn(t, dir, "show", "--name-status", "--format=", "HEAD")))
+	assert.Empty(t, gitIn(t, dir, "status", "--porcelain"), "the FIFO stays out of git, as untracked FIFOs are")
+
 	lock := filepath.Join(dir, ".git", "index.lock")
 	require.NoError(t, os.WriteFile(lock, nil, 0o644))
 	_, err = GitCommit(dir, []string{"a"}, GitCommitOptions{Message: "m"})
 	assert.ErrorIs(t, err, ErrGitLocked)
 	assert.FileExists(t, lock, "someone else's lock is left alone")
+}
+
+// TestGitCommitRenamedDirectories: the files git tracks beneath a
+// renamed directory are recorded as renamed, with HEAD's content, and
+// their index entries move too (as git mv): an untracked file stays
+// untracked, a staged change stays staged, and git status is clean
+// where it was. Nested renames, an exchange and renames in an original
+// below the work tree's top land where the sandbox put them.
+func TestGitCommitRenamedDirectories(t *testing.T) {
+	t.Parallel()
+	t.Run("plain, nested and exchanged", func(t *testing.T) {
+		t.Parallel()
+		dir := newGitRepo(t, map[string]string{
+			"d/f": "f\n", "d/sub/g": "g\n", "d/staged": "s\n",
+			"p/c/x": "x\n", "p/y": "y\n", "a/1": "1\n", "b/2": "2\n", "keep": "k\n",
+		})
+		writeTestFiles(t, dir, map[string]string{"d/untracked": "u\n", "d/staged": "staged change\n"})
+		gitIn(t, dir, "add", "d/staged")
+		mv := func(from, to string) { require.NoError(t, os.Rename(filepath.Join(dir, from), filepath.Join(dir, to))) }
+		mv("d", "e")
+		mv("p", "q")
+		mv("q/c", "r") // nested: p/c ends at r, p at q
+		mv("a", "tmp") // an exchange of a and b
+		mv("b", "a")
+		mv("tmp", "b")
+		writeTestFiles(t, dir, map[string]string{"e/f": "f changed\n"})
+		require.NoError(t, os.Remove(filepath.Join(dir, "e/sub/g")))
+		require.NoError(t, os.Remove(filepath.Join(dir, "e/sub")))
+
+		paths := []string{"e", "d", "e/f", "e/sub", "e/sub/g", "q", "p", "r", "p/c", "a", "b"}
+		moves := []GitMove{{"d", "e"}, {"p", "q"}, {"p/c", "r"}, {"b", "a"}, {"a", "b"}}
+		_, err := GitCommit(dir, paths, GitCommitOptions{Message: "renames", Moves: moves})
+		require.NoError(t, err)
+
+		assert.Equal(t, []string{"100644 a/2", "100644 b/1", "100644 e/f", "100644 e/staged", "100644 keep", "100644 q/y", "100644 r/x"},
+			treeFiles(t, dir), "HEAD's files where the sandbox put them")
+		assert.Equal(t, "f changed\n", gitIn(t, dir, "show", "HEAD:e/f"))
+		assert.Equal(t, "s\n", gitIn(t, dir, "show", "HEAD:e/staged"), "the staged change is not committed")
+		assert.Equal(t, "x\n", gitIn(t, dir, "show", "HEAD:r/x"))
+		assert.Equal(t, []string{"?? e/untracked", "M  e/staged"}, sortedLines(gitIn(t, dir, "status", "--porcelain")),
+			"the staged change stays staged at its new path, the untracked file untracked")
+		requireFsck(t, dir)
+	})
+	t.Run("a directory renamed into a renamed one", func(t *testing.T) {
+		t.Parallel()
+		dir := newGitRepo(t, map[string]string{"d/k": "k\n", "d/y/z": "old\n", "d/y/w": "w\n", "x/z": "new\n"})
+		require.NoError(t, os.Rename(filepath.Join(dir, "d"), filepath.Join(dir, "e")))
+		require.NoError(t, os.RemoveAll(filepath.Join(dir, "e/y")))
+		require.NoError(t, os.Rename(filepath.Join(dir, "x"), filepath.Join(dir, "e/y")))
+		_, err := GitCommit(dir, []string{"e", "d", "e/y", "x"}, GitCommitOptions{Message: "m", Moves: []GitMove{{"d", "e"}, {"x", "e/y"}}})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"100644 e/k", "100644 e/y/z"}, treeFiles(t, dir), "d/y went where x took its place")
+		assert.Equal(t, "new\n", gitIn(t, dir, "show", "HEAD:e/y/z"))
+		assert.Empty(t, gitIn(t, dir, "status", "--porcelain"))
+	})
+	t.Run("an original below the top", func(t *testing.T) {
+		t.Parallel()
+		dir := newGitRepo(t, map[string]string{"proj/d/f": "f\n", "other/d/f": "other\n"})
+		require.NoError(t, os.Rename(filepath.Join(dir, "proj/d"), filepath.Join(dir, "proj/e")))
+		_, err := GitCommit(filepath.Join(dir, "proj"), []string{"e", "d"}, GitCommitOptions{Message: "m", Moves: []GitMove{{"d", "e"}}})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"100644 other/d/f", "100644 proj/e/f"}, treeFiles(t, dir))
+		assert.Empty(t, gitIn(t, dir, "status", "--porcelain"))
+		_, err = GitCommit(filepath.Join(dir, "proj"), nil, GitCommitOptions{Message: "m", Moves: []GitMove{{"e", "../other"}}})
+		require.ErrorIs(t, err, fsutil.ErrPathEscapes, "a move must stay inside the original")
+	})
+}
+
+// treeFiles lists HEAD's files as "mode path".
+func treeFiles(t *testing.T, dir string) []string {
+	var out []string
+	for _, l := range gitLines(gitIn(t, dir, "ls-tree", "-r", "HEAD")) {
+		f := strings.Fields(l)
+		out = append(out, f[0]+" "+f[3])
+	}
+	return out
 }

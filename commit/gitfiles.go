@@ -74,6 +74,7 @@ type gitIndexEdit struct {
 	dropFile  map[string]bool // a non-submodule entry at these names goes
 	dropUnder map[string]bool // entries beneath these directories go
 	add       []*index.Entry
+	moves     gitMoves // renamed directories: their entries move first
 }
 
 func newGitIndexEdit() *gitIndexEdit {
@@ -107,6 +108,13 @@ func (e *gitIndexEdit) keepDir(p string) { e.dropFile[p] = true }
 func (e *gitIndexEdit) apply(idx *index.Index) {
 	kept := idx.Entries[:0]
 	for _, en := range idx.Entries {
+		to, moved, gone := e.moves.translate(en.Name)
+		if gone {
+			continue
+		}
+		if moved {
+			en.Name = to
+		}
 		if !e.drops(en) {
 			kept = append(kept, en)
 		}

@@ -13,8 +13,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"golang.org/x/sys/unix"
-
-	"github.com/sbxfs/sbxfs/layers"
 )
 
 // gitTree edits a git tree in memory: it loads only the trees on the
@@ -221,9 +219,12 @@ func writeBlob(s storer.EncodedObjectStorer, r io.Reader, size int64) (plumbing.
 // gitWorkFile is the state of one committed path in the work tree.
 type gitWorkFile struct {
 	exists bool
-	st     unix.Stat_t
-	mode   filemode.FileMode // of a file or symlink; Dir for a directory
-	blob   plumbing.Hash
+	// special: a FIFO, socket or device, which the commit leaves out
+	// (git add -A passes over them too).
+	special bool
+	st      unix.Stat_t
+	mode    filemode.FileMode // of a file or symlink; Dir for a directory
+	blob    plumbing.Hash
 }
 
 // readWorkFile stats p beneath the work tree top (no symlink followed in
@@ -257,7 +258,7 @@ func readWorkFile(s storer.EncodedObjectStorer, top int, p string) (gitWorkFile,
 		}
 		return f, f.storeFile(s, dir, base)
 	default:
-		return f, fmt.Errorf("%q is a %s; git stores only files, symlinks and directories", p, layers.TypeName(f.st.Mode))
+		f.special = true // a FIFO, socket or device: git holds none
 	}
 	return f, nil
 }

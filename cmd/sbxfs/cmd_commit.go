@@ -90,7 +90,7 @@ func runCommit(c *cli.Context) error {
 		rec.Changes = []layers.Change{}
 	}
 	if c.Bool("git") && len(rec.Changes) > 0 {
-		h, err := commit.GitCommit(sb.meta.Lowers[0], commit.GitPaths(rec.Changes), commit.GitCommitOptions{Message: rec.Message})
+		h, err := commit.GitCommit(sb.meta.Lowers[0], commit.GitPaths(rec.Changes), commit.GitCommitOptions{Message: rec.Message, Moves: commit.GitMoves(rec.Changes)})
 		if err != nil {
 			defer func() { _ = finishCommit(c, sb, ctl, &rec) }()
 			return failf(exitCommitFailed, "the changes are committed to %s, but the git commit failed: %v; commit them with git", sb.meta.Lowers[0], err)

@@ -68,8 +68,9 @@ func assertFile(t *testing.T, path, want string) {
 }
 
 // TestCommitGit commits a sandbox over a git work tree with --git: the git
-// commit holds exactly the sandbox's paths and the message; an unrelated
-// dirty file stays dirty and uncommitted.
+// commit holds exactly the sandbox's paths and the message, and the files
+// of a renamed directory at their new paths; an unrelated dirty file stays
+// dirty and uncommitted.
 func TestCommitGit(t *testing.T) {
 	requireFuse(t)
 	t.Parallel()
@@ -84,6 +85,9 @@ func TestCommitGit(t *testing.T) {
 	}
 	git("init", "-q")
 	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "unrelated.txt"), []byte("u\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(f.orig, "tracked", "y"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "tracked", "x.txt"), []byte("x\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "tracked", "y", "z.txt"), []byte("z\n"), 0o644))
 	git("add", "-A")
 	git("commit", "-q", "-m", "base")
 	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "unrelated.txt"), []byte("dirty\n"), 0o644))
@@ -92,12 +96,14 @@ func TestCommitGit(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("via sbxfs\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "sub", "n.txt"), []byte("n\n"), 0o644))
+	require.NoError(t, os.Rename(filepath.Join(f.mnt, "tracked"), filepath.Join(f.mnt, "moved")))
 
 	r = runBin(t, bin, "commit", "--git", f.mnt)
 	assertFailure(t, r, exitUsage, "-m")
 	r = runBin(t, bin, "commit", "--git", "-m", "from the sandbox", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Equal(t, "from the sandbox", git("log", "-1", "--format=%s"))
-	assert.Equal(t, "a.txt\nsub/n.txt", git("show", "--name-only", "--format=", "HEAD"))
+	assert.Equal(t, "M\ta.txt\nR100\ttracked/x.txt\tmoved/x.txt\nR100\ttracked/y/z.txt\tmoved/y/z.txt\nA\tsub/n.txt",
+		git("show", "--name-status", "--format=", "HEAD"))
 	assert.Equal(t, "M unrelated.txt", git("status", "--porcelain"), "the unrelated dirty file is left alone")
 }
