@@ -234,6 +234,7 @@ func TestDifferential(t *testing.T) {
 	r.run(*flagDiffOps)
 	r.compareTrees("end")
 	r.checkPatch()
+	r.checkListing()
 }
 
 // diffCommitSeeds are histories that once broke the commit (kept as
@@ -279,6 +280,7 @@ func TestDifferentialCommit(t *testing.T) {
 
 func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 	r := newDiffRunGuard(t, seed, false, links, opset)
+	withGit := gitTrack(t, r.sb.orig)
 	r.run(ops)
 	r.compareTrees("before commit")
 	r.closeFds()
@@ -287,10 +289,15 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 		snapshotSandbox(t, r.sb, *flagDiffSnapshot)
 	}
 	r.checkPatch()
-	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "differential", r.sb.mnt)
+	r.checkListing()
+	args := []string{"commit", "-m", "differential", r.sb.mnt}
+	if withGit {
+		args = append(args[:1], append([]string{"--git"}, args[1:]...)...)
+	}
+	out, err := runTimeout(60*time.Second, cliBin, args...)
 	if err != nil {
 		st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
-		r.fail("", "sbxfs commit: %v\n%s\nsbxfs status:\n%s", err, out, st)
+		r.fail("", "sbxfs %s: %v\n%s\nsbxfs status:\n%s", strings.Join(args, " "), err, out, st)
 	}
 	want, err := walkTree(r.ref, diffViewOpts)
 	if err != nil {
@@ -330,6 +337,9 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 	}
 	if !slices.Equal(wantLinks, gotLinks) {
 		r.fail("", "after commit the original's hard links differ from the plain directory's:\n  want %q\n  got  %q", wantLinks, gotLinks)
+	}
+	if withGit {
+		r.checkGitCommit()
 	}
 }
 
@@ -406,6 +416,7 @@ func TestDifferentialRemount(t *testing.T) {
 	r.run(n - n/2)
 	r.compareTrees("end")
 	r.checkPatch()
+	r.checkListing()
 }
 
 func newDiffRun(t *testing.T, seed int64, links bool) *diffRun {
