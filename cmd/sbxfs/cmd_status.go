@@ -28,9 +28,11 @@ func statusCommand() *cli.Command {
   A path          created         D path         deleted
   M path          modified        R from -> path renamed
   m path          metadata only   L from -> path new hard link to from
-then a summary line. Paths with control characters or invalid UTF-8 are
-quoted as Go strings. The sandbox is named by its mountpoint, its sandbox
-directory DIR (with DIR/work) or its work directory. --json prints the
+then a summary line. A removal names the original path of what was
+removed (mv d e; rm -r e lists D d and D d/f). Paths with control
+characters or invalid UTF-8 are quoted as Go strings. The sandbox is
+named by its mountpoint, its sandbox directory DIR (with DIR/work) or its
+work directory. --json prints the
 layers, the mount and the changes; a path that is not valid UTF-8 also
 comes base64-encoded in path_b64 (from_b64 for from).`,
 		Flags: []cli.Flag{
