@@ -1,15 +1,11 @@
 package tests
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/sbxfs/sbxfs/layers"
 )
@@ -23,15 +19,7 @@ import (
 // run it where they check the patch.
 func (r *diffRun) checkListing() {
 	r.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, cliBin, "status", "--json", r.sb.mnt)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		r.fail("", "sbxfs status --json: %v\n%s", err, stderr.String())
-	}
+	out := r.cliOutput("status", "--json", r.sb.mnt)
 	var st struct {
 		Changes []layers.Change `json:"changes"`
 	}

@@ -26,15 +26,7 @@ func (r *diffRun) checkPatch() {
 		r.t.Logf("no git: the patch is not checked")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, cliBin, "diff", "--binary", r.sb.mnt)
-	cmd.Stderr = &stderr
-	patch, err := cmd.Output()
-	if err != nil {
-		r.fail("", "sbxfs diff --binary: %v\n%s", err, stderr.String())
-	}
+	patch := r.cliOutput("diff", "--binary", r.sb.mnt)
 	work := filepath.Join(r.t.TempDir(), "applied")
 	if out, err := exec.Command("cp", "-a", r.sb.orig, work).CombinedOutput(); err != nil {
 		r.t.Fatalf("cp -a: %v\n%s", err, out)
@@ -42,6 +34,8 @@ func (r *diffRun) checkPatch() {
 	if err := gitView(work); err != nil {
 		r.t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	apply := exec.CommandContext(ctx, "git", "apply", "-")
 	apply.Dir, apply.Stdin = work, bytes.NewReader(patch)
 	if out, err := apply.CombinedOutput(); err != nil {
@@ -154,4 +148,20 @@ func gitFiles(root string) (map[string]string, error) {
 		return nil
 	})
 	return out, err
+}
+
+// cliOutput runs the sbxfs CLI (60 s at most) and returns what it wrote
+// to stdout; the run fails, with its stderr, when the command does.
+func (r *diffRun) cliOutput(args ...string) []byte {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, cliBin, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		r.fail("", "sbxfs %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return out
 }
