@@ -3,6 +3,7 @@ package commit
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"strings"
 
@@ -115,15 +116,16 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 // neither was made in the original after the sandbox emptied the
 // directory, or the original changed while the change set was read.
 func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]layers.Signature) []Conflict {
-	keys := map[string]bool{}
+	changed := map[string]bool{} // original paths the change set changes
+	for _, c := range cs.Changes {
+		changed[conflictKey(r, c)] = true
+		if c.Kind == layers.Renamed {
+			changed[c.From] = true
+		}
+	}
+	keys := maps.Clone(changed)
 	for p := range bases {
 		keys[p] = true
-	}
-	for _, c := range cs.Changes {
-		keys[conflictKey(r, c)] = true
-		if c.Kind == layers.Renamed {
-			keys[c.From] = true
-		}
 	}
 	var out []Conflict
 	for _, c := range cs.Changes {
@@ -138,8 +140,9 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 		if errors.Is(err, unix.ELOOP) {
 			// A symlink at p or on the way. One the sandbox replaces is
 			// expected; any other, where the change set saw a directory,
-			// means the original is changing under the commit.
-			if q := orig.firstSymlink(p); q == "" || !keys[q] {
+			// means the original is changing under the commit (one the
+			// sandbox only saw, a directory then, too).
+			if q := orig.firstSymlink(p); q == "" || !changed[q] {
 				out = append(out, Conflict{Path: c.Path, Reason: "the original changed while the commit read it (a symlink on the way)"})
 			}
 			continue

@@ -417,6 +417,22 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		}
 		return c, true, nil
 	}
+	if !inLo && cp == p && l.isOriginalsCopy(p, &ov, t.seen[p]) {
+		// The sandbox saw the original's object here and holds a copy of
+		// it (a merged directory, a file copied up from p), yet the
+		// original shows none now: it lost it, or is changing while this
+		// is read (a directory on the way swapped for a symlink). Not
+		// Created: a new directory replaces the original's whole, with
+		// every entry the sandbox never touched. As a change of that
+		// object, the commit's conflict check compares the original with
+		// the sandbox's base: gone, the commit is refused; back, the
+		// change applies to it in place.
+		c.Kind = Modified
+		if ov.IsDir() {
+			c.Kind = Metadata
+		}
+		return c, true, nil
+	}
 	if !inLo {
 		c.Kind = Created
 		if to, ok := t.link[p]; ok && l.sameUpperObject(p, to) {
@@ -459,6 +475,21 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c.Kind = kind
 	return c, true, nil
+}
+
+// isOriginalsCopy reports whether the overlay object ov at p is the
+// sandbox's copy of the original object it saw there (seen: that
+// object's mode, 0 when the sandbox saw none): a directory of the upper
+// layer that is not opaque (it merges the original's), or a file whose
+// origin is p.
+func (l *Layers) isOriginalsCopy(p string, ov *Entry, seen uint32) bool {
+	if seen == 0 || seen&unix.S_IFMT != ov.Stat.Mode&unix.S_IFMT {
+		return false
+	}
+	if ov.IsDir() {
+		return l.inUpper(p) && !l.isOpaque(l.UpperPath(p))
+	}
+	return l.cameFrom(ov, p)
 }
 
 // movedAway reports whether the original object at x is, in the overlay,

@@ -394,3 +394,42 @@ func TestFailingXattrChangesCopyNothingUp(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "w", string(v))
 }
+
+// TestChangeSetWhileAnOriginalDirectoryIsSwapped: the change set read
+// while a directory of the original is swapped for a symlink (hostile,
+// or a tool replacing it) must not call the sandbox's copies of the
+// original's objects beneath it new. A directory called Created is
+// replaced whole at commit, with every entry the sandbox never touched;
+// as changes of the objects the sandbox saw, the commit's conflict check
+// compares them with the original.
+func TestChangeSetWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
+	s := newStack(t, map[string]string{"d/f": "f", "d/sub/g1": "1", "d/sub/g2": "2", "elsewhere/": ""})
+	s.write("d/f", "changed")
+	mode := uint32(0o700)
+	o := s.dir("d/sub")
+	_, err := s.Setattr("d/sub", &o, -1, SetAttr{Mode: &mode}, s.c)
+	require.NoError(t, err)
+	fd, _, err := s.Create("d/sub", s.dir("d/sub"), "n", 0o644, s.c)
+	require.NoError(t, err)
+	unix.Close(fd)
+	require.NoError(t, s.Unlink("d/sub", s.dir("d/sub"), "g2", s.c))
+
+	kinds := func() map[string]ChangeKind {
+		cs, err := Changes(Config{Upper: s.upper, Work: s.work, Lowers: s.lowers})
+		require.NoError(t, err)
+		out := map[string]ChangeKind{}
+		for _, c := range cs.Changes {
+			out[c.Path] = c.Kind
+		}
+		return out
+	}
+	want := map[string]ChangeKind{"d/f": Modified, "d/sub": Metadata, "d/sub/n": Created, "d/sub/g2": Deleted}
+	require.Equal(t, want, kinds())
+
+	d := filepath.Join(s.lower, "d")
+	require.NoError(t, os.Rename(d, d+".real"))
+	require.NoError(t, os.Symlink(filepath.Join(s.lower, "elsewhere"), d))
+	assert.Equal(t, want, kinds(), "read while the original's d is a symlink")
+	require.NoError(t, os.Remove(d))
+	require.NoError(t, os.Rename(d+".real", d))
+}
