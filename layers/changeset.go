@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"slices"
 	"strings"
 
@@ -480,16 +481,26 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 // isOriginalsCopy reports whether the overlay object ov at p is the
 // sandbox's copy of the original object it saw there (seen: that
 // object's mode, 0 when the sandbox saw none): a directory of the upper
-// layer that is not opaque (it merges the original's), or a file whose
-// origin is p.
+// layer that merges the original's (neither it nor a directory above it
+// is opaque), or a file whose origin is p.
 func (l *Layers) isOriginalsCopy(p string, ov *Entry, seen uint32) bool {
 	if seen == 0 || seen&unix.S_IFMT != ov.Stat.Mode&unix.S_IFMT {
 		return false
 	}
-	if ov.IsDir() {
-		return l.inUpper(p) && !l.isOpaque(l.UpperPath(p))
+	if !ov.IsDir() {
+		return l.cameFrom(ov, p)
 	}
-	return l.cameFrom(ov, p)
+	if !l.inUpper(p) {
+		return false
+	}
+	for q := p; ; q = path.Dir(q) {
+		if l.isOpaque(l.UpperPath(q)) {
+			return false
+		}
+		if !strings.Contains(q, "/") {
+			return true
+		}
+	}
 }
 
 // movedAway reports whether the original object at x is, in the overlay,

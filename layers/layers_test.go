@@ -432,4 +432,19 @@ func TestChangeSetWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
 	assert.Equal(t, want, kinds(), "read while the original's d is a symlink")
 	require.NoError(t, os.Remove(d))
 	require.NoError(t, os.Rename(d+".real", d))
+
+	// A directory made in the sandbox beneath a new d (opaque) is new,
+	// also where the sandbox saw (and removed) an original one that the
+	// original no longer has.
+	s = newStack(t, map[string]string{"d/sub/g": "g"})
+	require.NoError(t, s.Unlink("d/sub", s.dir("d/sub"), "g", s.c))
+	require.NoError(t, s.Rmdir("d", s.dir("d"), "sub", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "d", s.c))
+	_, err = s.Mkdir("", s.dir(""), "d", 0o755, s.c)
+	require.NoError(t, err)
+	_, err = s.Mkdir("d", s.dir("d"), "sub", 0o755, s.c)
+	require.NoError(t, err)
+	require.NoError(t, os.RemoveAll(filepath.Join(s.lower, "d", "sub")))
+	got := kinds()
+	assert.Equal(t, Created, got["d/sub"], "%v", got)
 }
