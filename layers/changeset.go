@@ -40,6 +40,11 @@ type Change struct {
 	// change set names a removal by the object's last path, as the
 	// commit's planner works in final paths; Listing shows it here.
 	Original string `json:"original,omitempty"`
+	// Replaced, for a removal with an Original, is the original path of
+	// the original's object that was in Path's place before the removed
+	// object was moved there, which went with it (mv y x; rm x removes
+	// y's object and x's: Original y, Replaced x). Listing shows both.
+	Replaced string `json:"replaced,omitempty"`
 }
 
 // ChangeSet is every path a sandbox changed, sorted by path.
@@ -381,6 +386,17 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		c.Kind, c.Type = Deleted, TypeName(lo.st.Mode)
 		if lo.origin.Path != p {
 			c.Original = lo.origin.Path
+			if cp != p {
+				// The removed object was moved here: what the original
+				// had in p's place, if anything, is gone too.
+				in, ok, err := l.lowerInPlace(t.dirs, p)
+				if err != nil {
+					return c, false, err
+				}
+				if ok && in.origin.Path != c.Original {
+					c.Replaced = in.origin.Path
+				}
+			}
 		}
 		return c, true, nil
 	}

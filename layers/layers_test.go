@@ -286,6 +286,30 @@ func TestChangeSetInsideRenamedDir(t *testing.T) {
 	}, cs.Listing(), "status names the removal by its original path")
 }
 
+// TestChangeSetRemovalOfAFileMovedOverAnother: mv y x; rm x removes two
+// original objects, y's and x's; the change set has one removal at x and
+// one at y, and the listing must name both originals.
+func TestChangeSetRemovalOfAFileMovedOverAnother(t *testing.T) {
+	s := newStack(t, map[string]string{"d/x": "x", "d/keep": "k", "y": "y"})
+	var moved Obj
+	require.NoError(t, s.Rename("", s.dir(""), "d", &moved, "", s.dir(""), "e", 0, s.c))
+	require.NoError(t, s.Rename("", s.dir(""), "y", &moved, "e", s.dir("e"), "x", 0, s.c))
+	require.NoError(t, s.Unlink("e", s.dir("e"), "x", s.c))
+
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	assert.Equal(t, []Change{
+		{Path: "e", Kind: Renamed, From: "d", Type: "dir"},
+		{Path: "e/x", Kind: Deleted, Type: "file", Original: "y", Replaced: "d/x"},
+		{Path: "y", Kind: Deleted, Type: "file"},
+	}, cs.Changes)
+	assert.Equal(t, []Change{
+		{Path: "d/x", Kind: Deleted, Type: "file", Original: "d/x"},
+		{Path: "e", Kind: Renamed, From: "d", Type: "dir"},
+		{Path: "y", Kind: Deleted, Type: "file", Original: "y"},
+	}, cs.Listing(), "both original files are listed as removed, once each")
+}
+
 func TestChangeSetNestedRenames(t *testing.T) {
 	s := newStack(t, map[string]string{"p/c/f": "1", "p/g": "2"})
 	var a, b Obj

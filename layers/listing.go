@@ -7,7 +7,8 @@ import (
 
 // Listing is the change set as a user reads it (sbxfs status, and diff
 // --name-status, --stat and --json): a removal is shown at the original
-// path of the object it removed (Original), once, and not at all where
+// path of the object it removed (Original) and of the original's object
+// that object had replaced (Replaced), each once, and not at all where
 // another change takes the original's object there (mv f g; echo new >
 // f; rm g lists "M f" alone); sorted by path, a removal before a new
 // object at the same path. Such a removal keeps Original, now equal to
@@ -34,20 +35,32 @@ func (cs ChangeSet) Listing() []Change {
 	out := make([]Change, 0, len(cs.Changes))
 	removed := map[string]bool{}
 	moved := false
-	for _, c := range cs.Changes {
-		if c.Kind == Deleted {
-			if c.Original != "" {
-				if taken[c.Original] {
-					continue
-				}
-				c.Path, moved = c.Original, true
-			}
-			if removed[c.Path] {
-				continue
-			}
-			removed[c.Path] = true
+	remove := func(c Change, at string) {
+		if taken[at] || removed[at] {
+			return
 		}
+		removed[at] = true
+		if at != c.Path {
+			c.Path, c.Original, moved = at, at, true
+		}
+		c.Replaced = ""
 		out = append(out, c)
+	}
+	for _, c := range cs.Changes {
+		switch {
+		case c.Kind != Deleted:
+			out = append(out, c)
+		case c.Original == "":
+			if !removed[c.Path] {
+				removed[c.Path] = true
+				out = append(out, c)
+			}
+		default:
+			remove(c, c.Original)
+			if c.Replaced != "" {
+				remove(c, c.Replaced)
+			}
+		}
 	}
 	if moved {
 		slices.SortStableFunc(out, func(a, b Change) int {

@@ -336,22 +336,28 @@ func TestStatusNamesRemovalsByOriginalPath(t *testing.T) {
 	bin := sbxfsBin(t)
 	f := newFixture(t)
 	require.NoError(t, os.WriteFile(filepath.Join(f.orig, "sub", "f"), []byte("f\n"), 0o644))
+	for _, name := range []string{"x", "y"} {
+		require.NoError(t, os.WriteFile(filepath.Join(f.orig, name), []byte(name+"\n"), 0o644))
+	}
 	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.NoError(t, os.Rename(filepath.Join(f.mnt, "sub"), filepath.Join(f.mnt, "moved")))
 	require.NoError(t, os.RemoveAll(filepath.Join(f.mnt, "moved")))
+	// y's object replaces x's, then goes: both original files are gone.
+	require.NoError(t, os.Rename(filepath.Join(f.mnt, "y"), filepath.Join(f.mnt, "x")))
+	require.NoError(t, os.Remove(filepath.Join(f.mnt, "x")))
 
 	r = runBin(t, bin, "status", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Equal(t, "D sub\nD sub/f\n2 changes: 2 deleted\n", r.stdout)
+	assert.Equal(t, "D sub\nD sub/f\nD x\nD y\n4 changes: 4 deleted\n", r.stdout)
 	st := statusOf(t, f.mnt)
-	require.Len(t, st.Changes, 2, "%+v", st.Changes)
+	require.Len(t, st.Changes, 4, "%+v", st.Changes)
 	assert.Equal(t, "sub/f", st.Changes[1].Path)
 	r = runBin(t, bin, "diff", "--name-status", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Equal(t, "D\tsub\nD\tsub/f\n", r.stdout)
+	assert.Equal(t, "D\tsub\nD\tsub/f\nD\tx\nD\ty\n", r.stdout)
 	r = runBin(t, bin, "diff", "--stat", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Contains(t, r.stdout, " sub/f | 1 -\n")
+	assert.Equal(t, " sub/f | 1 -\n x     | 1 -\n y     | 1 -\n 3 files changed, 3 deletions(-)\n", r.stdout)
 	require.Equal(t, 0, runBin(t, bin, "unmount", f.mnt).code)
 }
