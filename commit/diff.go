@@ -92,16 +92,26 @@ type patchOut struct {
 	rest  *spool
 }
 
-// eachDiffPair reads the sides of every change, in change-set order, and
-// hands them to fn.
+// eachDiffPair reads the sides of every change, in change-set order (in
+// Listing order with opts.listing), and hands them to fn.
 func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func(*diffPair) error) error {
 	r, err := openDiffReader(cfg, cs, opts)
 	if err != nil {
 		return err
 	}
 	defer r.close()
+	changes := cs.Changes
+	if opts.listing {
+		changes = cs.Listing()
+		r.listedRemovals = map[string]bool{}
+		for _, c := range changes {
+			if c.Kind == layers.Deleted {
+				r.listedRemovals[c.Path] = true
+			}
+		}
+	}
 	dirs := map[string]bool{} // every proper ancestor of a changed path
-	for _, c := range cs.Changes {
+	for _, c := range changes {
 		for p := c.Path; ; {
 			i := strings.LastIndexByte(p, '/')
 			if i < 0 {
@@ -111,7 +121,7 @@ func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func
 			dirs[p] = true
 		}
 	}
-	for _, c := range cs.Changes {
+	for _, c := range changes {
 		if opts.patch && r.movedInDeletion(c) {
 			continue
 		}
@@ -122,8 +132,66 @@ func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func
 		if err := fn(d); err != nil {
 			return err
 		}
+		if opts.listing {
+			if err := eachListedExtra(d, fn); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// eachListedExtra hands fn, after a pair, a pair for each file it moves
+// (a renamed directory's files, as renames) and each original file it
+// drops that no entry names (beneath a directory it removes or
+// replaces, or one another object took the place of in a renamed
+// directory, as removals), both with impliedBy set.
+func eachListedExtra(d *diffPair, fn func(*diffPair) error) error {
+	for _, m := range d.moved {
+		moved := diffPair{
+			c:       layers.Change{Path: m.to, Kind: layers.Renamed, From: m.from, Type: layers.TypeName(m.side.mode)},
+			oldPath: m.from, newPath: m.to, old: m.side, new: m.side, impliedBy: d.c.Path,
+		}
+		if err := fn(&moved); err != nil {
+			return err
+		}
+	}
+	for i := range d.gone {
+		g := &d.gone[i]
+		g.c.Type, g.impliedBy = layers.TypeName(g.old.mode), d.c.Path
+		if err := fn(g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listedKey is where a pair of the listing forms sorts, as git sorts its
+// output: by path (a removal by its old one), a removal before a new
+// object at the same path.
+type listedKey struct {
+	path    string
+	removal bool
+}
+
+func keyOf(d *diffPair) listedKey {
+	if d.c.Kind == layers.Deleted {
+		return listedKey{d.c.Path, true}
+	}
+	return listedKey{d.c.Path, false}
+}
+
+func compareListed(a, b listedKey) int {
+	if n := strings.Compare(a.path, b.path); n != 0 {
+		return n
+	}
+	switch {
+	case a.removal == b.removal:
+		return 0
+	case a.removal:
+		return -1
+	}
+	return 1
 }
 
 // diffContent is the content comparison of a pair.

@@ -3,6 +3,7 @@ package commit
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -236,12 +237,18 @@ func TestDiffNameStatusStatJSON(t *testing.T) {
 		"M\tlink\nR\tmv.txt\tmoved.txt\nA\tnew\nA\tnew/dir\nA\tnew/dir/n.txt\nm\trun.sh\nM\tsp ace.txt\nA\t\"tab\\tname\"\n", b.String())
 
 	b.Reset()
+	require.NoError(t, NameStatusWithTypes(&b, s.cfg, cs))
+	assert.Equal(t, "M\ta.txt\nM\tbin.dat\nD\tdel.txt\nR\td\te\nM\te/f.txt\nR\td/g.txt\te/g.txt\nD\temptydir\nA\temptynew\n"+
+		"M\tlink\nR\tmv.txt\tmoved.txt\nA\tnew\nA\tnew/dir\nA\tnew/dir/n.txt\nm\trun.sh\nM\tsp ace.txt\nA\t\"tab\\tname\"\n", b.String(),
+		"with the original at hand, the files a renamed directory moves are named too")
+
+	b.Reset()
 	require.NoError(t, DiffStat(&b, s.cfg, cs))
 	assert.Equal(t, ` a.txt               |   3 ++-
  bin.dat             | Bin 3 -> 4 bytes
  del.txt             |   1 -
- d => e              |   0
  {d => e}/f.txt      |   2 +-
+ {d => e}/g.txt      |   0
  link                |   2 +-
  mv.txt => moved.txt |   0
  new/dir/n.txt       |   1 +
@@ -276,6 +283,77 @@ func TestDiffNameStatusStatJSON(t *testing.T) {
 	assert.Nil(t, byPath["new/dir/n.txt"].OldSize)
 	assert.Equal(t, "100700", byPath["run.sh"].NewMode)
 	assert.Equal(t, "D", byPath["del.txt"].Status)
+	assert.Empty(t, byPath["e/f.txt"].ImpliedBy, "a change of its own")
+	g := byPath["e/g.txt"]
+	assert.Equal(t, FileDiff{Path: "e/g.txt", Kind: "renamed", Status: "R", From: "d/g.txt", OldPath: "d/g.txt", Type: "file",
+		OldType: "file", OldMode: "100644", NewMode: "100644", OldSize: g.OldSize, NewSize: g.NewSize, ImpliedBy: "e"}, g)
+	require.NotNil(t, g.OldSize)
+	assert.EqualValues(t, 2, *g.OldSize)
+}
+
+// TestDiffListsWhatARenamedDirectoryMoves: the listing forms read with
+// the original name every file a renamed directory moves (files beneath
+// a renamed subdirectory with its own rename, FIFOs too) and every
+// original file it drops, sorted by path as git sorts them.
+func TestDiffListsWhatARenamedDirectoryMoves(t *testing.T) {
+	t.Parallel()
+	s := newDiffSandbox(t, map[string]string{
+		"d/a": "a\n", "d/bin": "\x00bin", "d/sub/b": "b\n", "d/keep/c": "c\nc\n", "d/over": "one\ntwo\n", "y": "y\n",
+	})
+	require.NoError(t, unix.Mkfifo(filepath.Join(s.cfg.Lowers[0], "d/pipe"), 0o644))
+	s.rename("d", "e")
+	s.rename("e/sub", "e/sub2")
+	s.rename("y", "e/over") // drops the original d/over
+	s.write("e/a", "A\n")
+	cs := s.changes()
+
+	var b bytes.Buffer
+	require.NoError(t, NameStatusWithTypes(&b, s.cfg, cs))
+	assert.Equal(t, "D\td/over\n"+
+		"R\td\te\n"+
+		"M\te/a\n"+
+		"R\td/bin\te/bin\n"+
+		"R\td/keep/c\te/keep/c\n"+
+		"R\ty\te/over\n"+
+		"R\td/pipe\te/pipe\n"+
+		"R\td/sub\te/sub2\n"+
+		"R\td/sub/b\te/sub2/b\n", b.String())
+
+	b.Reset()
+	require.NoError(t, NameStatus(&b, cs))
+	assert.Equal(t, "R\td\te\nM\te/a\nR\ty\te/over\nR\td/sub\te/sub2\n", b.String(), "without the original, the change set alone")
+
+	b.Reset()
+	require.NoError(t, DiffStat(&b, s.cfg, cs))
+	assert.Equal(t, ` d/over              |   2 --
+ {d => e}/a          |   2 +-
+ {d => e}/bin        | Bin
+ {d => e}/keep/c     |   0
+ y => e/over         |   0
+ {d => e}/pipe       |   0
+ {d/sub => e/sub2}/b |   0
+ 7 files changed, 1 insertion(+), 3 deletions(-)
+`, b.String())
+
+	fds, err := DiffJSON(s.cfg, cs)
+	require.NoError(t, err)
+	var got []string
+	for _, f := range fds {
+		got = append(got, fmt.Sprintf("%s %s<-%s with=%q type=%s", f.Status, f.Path, f.From, f.ImpliedBy, f.Type))
+	}
+	assert.Equal(t, []string{
+		`D d/over<- with="e" type=file`,
+		`R e<-d with="" type=dir`,
+		`M e/a<- with="" type=file`,
+		`R e/bin<-d/bin with="e" type=file`,
+		`R e/keep/c<-d/keep/c with="e" type=file`,
+		`R e/over<-y with="" type=file`,
+		`R e/pipe<-d/pipe with="e" type=fifo`,
+		`R e/sub2<-d/sub with="" type=dir`,
+		`R e/sub2/b<-d/sub/b with="e/sub2" type=file`,
+	}, got)
+	assert.True(t, fds[3].Binary, "a moved binary file is told by its first bytes")
+	assert.Equal(t, 2, fds[0].Deleted, "a dropped file counts its lines")
 }
 
 func TestDiffTypeChange(t *testing.T) {
@@ -517,14 +595,23 @@ func TestDiffListsRemovalsAtOriginalPaths(t *testing.T) {
 		s.remove("c")
 		cs := s.changes()
 		assert.Equal(t, "D\tb\nR\ta\tb\nD\tb/x\n", listing(cs))
+		var b bytes.Buffer
+		require.NoError(t, NameStatusWithTypes(&b, s.cfg, cs))
+		assert.Equal(t, "D\tb\nR\ta\tb\nD\tb/x\nR\ta/x\tb/x\n", b.String())
 		fds, err := DiffJSON(s.cfg, cs)
 		require.NoError(t, err)
-		var gone *FileDiff
+		var gone, moved *FileDiff
 		for i := range fds {
-			if fds[i].Path == "b/x" {
+			switch {
+			case fds[i].Path == "b/x" && fds[i].Status == "D":
 				gone = &fds[i]
+			case fds[i].Path == "b/x":
+				moved = &fds[i]
 			}
 		}
+		require.NotNil(t, moved, "a/x moves with a: %+v", fds)
+		assert.Equal(t, "a/x", moved.From)
+		assert.Equal(t, "b", moved.ImpliedBy)
 		require.NotNil(t, gone, "%+v", fds)
 		assert.Equal(t, "D", gone.Status)
 		require.NotNil(t, gone.OldSize)
@@ -539,6 +626,21 @@ func TestDiffListsRemovalsAtOriginalPaths(t *testing.T) {
 		s.rename("d", "e")
 		s.remove("e/x")
 		assert.Equal(t, "R\td\te\nD\ty\nR\td/x\tz\n", listing(s.changes()))
+	})
+	t.Run("a file renamed over another, then removed", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"x": "x\n", "y": "y\n"})
+		s.rename("y", "x")
+		s.remove("x")
+		assert.Equal(t, "D\tx\nD\ty\n", listing(s.changes()), "both original files are gone")
+	})
+	t.Run("a file renamed over one in a renamed directory, then removed", func(t *testing.T) {
+		t.Parallel()
+		s := newDiffSandbox(t, map[string]string{"d/x": "x\n", "d/keep": "k\n", "y": "y\n"})
+		s.rename("d", "e")
+		s.rename("y", "e/x")
+		s.remove("e/x")
+		assert.Equal(t, "D\td/x\nR\td\te\nD\ty\n", listing(s.changes()))
 	})
 	t.Run("a removal another change takes", func(t *testing.T) {
 		t.Parallel()

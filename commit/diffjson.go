@@ -2,6 +2,7 @@ package commit
 
 import (
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -38,18 +39,37 @@ type FileDiff struct {
 	Binary       bool   `json:"binary"`  // either side has a NUL in its first 8000 bytes
 	Added        int    `json:"added"`   // lines; 0 for binary content
 	Deleted      int    `json:"deleted"` // lines; 0 for binary content
+	// ImpliedBy is set on an entry that is no change of its own but
+	// follows from another: the path of that entry, a renamed directory
+	// that moves the object (kind "renamed") or a directory the sandbox
+	// removed, replaced or renamed that drops it (kind "deleted": the
+	// object went with the directory, or another object took its place).
+	ImpliedBy    string `json:"implied_by,omitempty"`
+	ImpliedByB64 string `json:"implied_by_b64,omitempty"`
 }
 
-// DiffJSON returns, per change and in change-set order, the paths, kind,
-// types, modes, sizes, symlink targets and line counts of both sides.
+// DiffJSON returns, per change of the Listing, the paths, kind, types,
+// modes, sizes, symlink targets and line counts of both sides, and the
+// entries that follow from them (ImpliedBy): each file a renamed
+// directory moves and each original file a change drops that no entry
+// names; sorted by path, as the other forms.
 func DiffJSON(cfg layers.Config, cs layers.ChangeSet) ([]FileDiff, error) {
 	out := []FileDiff{}
-	err := eachDiffPair(cfg, listed(cs), pairOpts{}, func(d *diffPair) error {
-		out = append(out, fileDiffOf(d))
+	type entry struct {
+		key listedKey
+		f   FileDiff
+	}
+	var entries []entry
+	err := eachDiffPair(cfg, cs, pairOpts{listing: true}, func(d *diffPair) error {
+		entries = append(entries, entry{keyOf(d), fileDiffOf(d)})
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	slices.SortStableFunc(entries, func(a, b entry) int { return compareListed(a.key, b.key) })
+	for _, e := range entries {
+		out = append(out, e.f)
 	}
 	return out, nil
 }
@@ -59,6 +79,7 @@ func fileDiffOf(d *diffPair) FileDiff {
 	f := FileDiff{
 		Path: c.Path, PathB64: b64IfInvalid(c.Path), Kind: string(c.Kind),
 		From: c.From, FromB64: b64IfInvalid(c.From), Type: c.Type,
+		ImpliedBy: d.impliedBy, ImpliedByB64: b64IfInvalid(d.impliedBy),
 	}
 	oldType := c.Type
 	if d.old.exists {

@@ -45,9 +45,27 @@ type patchExtras struct {
 
 // movedFile is a file that moves with its renamed directory, from its
 // original path to its path in the sandbox; copied as in patchExtras.
+// The listing forms also read its side (no content: it is the same on
+// both sides).
 type movedFile struct {
 	from, to string
 	copied   bool
+	side     diffSide
+}
+
+// readMovedSides reads, for the listing forms, the side of each file a
+// renamed directory moves (without content: it is the same on both
+// sides, and only its first bytes tell a binary file).
+func (r *diffReader) readMovedSides(d *diffPair) error {
+	for i := range d.moved {
+		m := &d.moved[i]
+		side, err := readSide(r.orig, m.from, pairOpts{noContent: r.opts.noContent, head: true})
+		if err != nil {
+			return err
+		}
+		m.side = side
+	}
+	return nil
 }
 
 func (r *diffReader) readPatchExtras(d *diffPair) error {
@@ -56,7 +74,7 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 	d.copied = hasOld && r.claimed(d.oldPath, c)
 	d.first = c.Kind == layers.Deleted && d.oldPath != c.Path
 	if c.Kind != layers.Deleted && (!hasOld || d.oldPath != c.Path) && !r.handled(c.Path) {
-		old, err := readSide(r.orig, c.Path, r.opts.fullBinary)
+		old, err := readSide(r.orig, c.Path, r.opts)
 		if err != nil {
 			return err
 		}
@@ -133,7 +151,7 @@ func (r *diffReader) movedWith(d *diffPair, from, to string) error {
 		switch {
 		case !changed:
 			if !dir {
-				d.moved = append(d.moved, movedFile{o, n, r.inPlace[o]})
+				d.moved = append(d.moved, movedFile{from: o, to: n, copied: r.inPlace[o]})
 			}
 			return true, nil
 		case dir && (c.Kind == layers.Deleted || !comparesWith(r, c, o)):
@@ -160,11 +178,11 @@ func (r *diffReader) goneBeneath(d *diffPair, p string) error {
 // addGone adds the deletion of the original's o to d, unless the patch
 // deletes it already (two changes may reach one removed directory).
 func (r *diffReader) addGone(d *diffPair, o string) error {
-	if r.gone[o] {
+	if r.gone[o] || r.listedRemovals[o] {
 		return nil
 	}
 	r.gone[o] = true
-	old, err := readSide(r.orig, o, r.opts.fullBinary)
+	old, err := readSide(r.orig, o, r.opts)
 	if err != nil {
 		return err
 	}
@@ -173,7 +191,8 @@ func (r *diffReader) addGone(d *diffPair, o string) error {
 }
 
 // walkOriginal calls fn for every directory, file and symlink beneath the
-// original directory from (o), with its path beneath to (n), leaving out
+// original directory from (o) (for the listing forms also every FIFO,
+// socket and device), with its path beneath to (n), leaving out
 // what is renamed on its own (a rename source, and everything beneath
 // one), and enters a directory when fn says so. It lists the original's
 // directories, in name order.
@@ -191,7 +210,7 @@ func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, dir bool
 	slices.SortFunc(ents, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	for _, e := range ents {
 		o, n := path.Join(from, e.Name()), path.Join(to, e.Name())
-		if r.sources[o] || !e.IsDir() && !e.Type().IsRegular() && e.Type()&os.ModeSymlink == 0 {
+		if r.sources[o] || !r.opts.listing && !e.IsDir() && !e.Type().IsRegular() && e.Type()&os.ModeSymlink == 0 {
 			continue
 		}
 		enter, err := fn(o, n, e.IsDir())

@@ -56,13 +56,25 @@ type diffPair struct {
 	newPath    string // the path in the sandbox ("" if deleted)
 	old, new   diffSide
 	hasBeneath bool // another change lies beneath this path
+	// impliedBy: in the listing forms, the path of the entry (a renamed,
+	// removed or replaced directory) that moves or drops this object,
+	// which is no change of its own.
+	impliedBy string
 	patchExtras
 }
 
-// pairOpts are what the patch reads beyond what the other forms need.
+// pairOpts are what the patch reads beyond what the other forms need,
+// and what the listing forms need.
 type pairOpts struct {
 	fullBinary bool // read binary files whole, for git's binary patch
 	patch      bool // read the patchExtras
+	// listing hands fn the changes as Listing shows them, and after
+	// each the original's files the patch would name with it that no
+	// entry names (eachListedExtra).
+	listing bool
+	// noContent reads types, modes, sizes and symlink targets only;
+	// head reads only as much content as tells a binary file.
+	noContent, head bool
 }
 
 // diffReader reads the two layers of a sandbox, never following a
@@ -77,6 +89,9 @@ type diffReader struct {
 	changes                map[string]layers.Change
 	sources, olds, inPlace map[string]bool
 	gone                   map[string]bool // deletions added (addGone)
+	// For the listing forms: the original paths the Listing names
+	// removed, which addGone leaves to it.
+	listedRemovals map[string]bool
 }
 
 func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*diffReader, error) {
@@ -148,26 +163,30 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 	var err error
 	if old, ok := r.oldPathOf(c); ok {
 		d.oldPath = old
-		if d.old, err = readSide(r.orig, old, r.opts.fullBinary); err != nil {
+		if d.old, err = readSide(r.orig, old, r.opts); err != nil {
 			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, old, err)
 		}
 	}
 	if c.Kind != layers.Deleted {
 		d.newPath = c.Path
-		if d.new, err = readSide(r.upper, c.Path, r.opts.fullBinary); err != nil {
+		if d.new, err = readSide(r.upper, c.Path, r.opts); err != nil {
 			return nil, fmt.Errorf("diff %q: upper: %w", c.Path, err)
 		}
 		if !d.new.exists || d.new.whiteout {
 			// Not copied up: a child of a renamed directory shows the original.
-			if d.new, err = readSide(r.orig, cp, r.opts.fullBinary); err != nil {
+			if d.new, err = readSide(r.orig, cp, r.opts); err != nil {
 				return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
 			}
 		}
 	}
-	if r.opts.patch {
-		if err := r.readPatchExtras(d); err != nil {
-			return nil, fmt.Errorf("diff %q: %w", c.Path, err)
-		}
+	if r.opts.patch || r.opts.listing {
+		err = r.readPatchExtras(d)
+	}
+	if err == nil && r.opts.listing {
+		err = r.readMovedSides(d)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("diff %q: %w", c.Path, err)
 	}
 	return d, nil
 }
@@ -175,7 +194,7 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 // readSide reads the object at rel beneath the directory root. A missing
 // object, or one behind a non-directory or a symlink, gives a side that
 // does not exist.
-func readSide(root int, rel string, full bool) (diffSide, error) {
+func readSide(root int, rel string, opts pairOpts) (diffSide, error) {
 	var s diffSide
 	var st unix.Stat_t
 	dir, base, ok, err := lstatBeneath(root, rel, &st)
@@ -191,7 +210,9 @@ func readSide(root int, rel string, full bool) (diffSide, error) {
 		s.target, err = readlinkAt(dir, base)
 		s.size = int64(len(s.target))
 	case unix.S_IFREG:
-		err = s.readFile(dir, base, full)
+		if !opts.noContent {
+			err = s.readFile(dir, base, opts)
+		}
 	case unix.S_IFCHR:
 		s.whiteout = fsutil.IsWhiteout(&st)
 	}
@@ -260,8 +281,9 @@ func readlinkAt(dir int, name string) (string, error) {
 }
 
 // readFile reads the content: only the first binarySniff bytes when they
-// hold a NUL (unless full), all of it otherwise.
-func (s *diffSide) readFile(dir int, name string, full bool) error {
+// hold a NUL (unless opts.fullBinary) or with opts.head, all of it
+// otherwise.
+func (s *diffSide) readFile(dir int, name string, opts pairOpts) error {
 	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return fmt.Errorf("open: %w", err)
@@ -274,7 +296,10 @@ func (s *diffSide) readFile(dir int, name string, full bool) error {
 		return fmt.Errorf("read: %w", err)
 	}
 	s.data = head[:n]
-	if s.binary = bytes.IndexByte(s.data, 0) >= 0; s.binary && !full {
+	if s.binary = bytes.IndexByte(s.data, 0) >= 0; opts.head {
+		return nil
+	}
+	if s.binary && !opts.fullBinary {
 		h := sha256.New()
 		h.Write(s.data)
 		if _, err := io.Copy(h, f); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -18,30 +19,29 @@ import (
 // when its output is not a terminal.
 const statWidth = 80
 
-// statLine is one line of DiffStat.
+// statLine is one line of DiffStat. same: binary content that did not
+// change (a rename), which git shows as "Bin" alone.
 type statLine struct {
+	key              listedKey
 	name             string
 	added, deleted   int
-	binary           bool
+	binary, same     bool
 	oldSize, newSize int64
 }
 
 // DiffStat writes `git diff --stat`-like lines (path | N +++--) and a
-// summary line. It lists every change of a non-directory and every
-// renamed directory (git lists files only); with nothing to list it
+// summary line, sorted by path as git sorts them. It lists every change
+// of a non-directory and, as git, the files a renamed directory moves
+// (`{d => e}/f | 0`) rather than the directory; with nothing to list it
 // writes nothing, as git.
 func DiffStat(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
 	var lines []statLine
-	err := eachDiffPair(cfg, listed(cs), pairOpts{}, func(d *diffPair) error {
-		if !d.old.exists && !d.new.exists {
-			return nil
-		}
-		if d.old.typ() == unix.S_IFDIR && d.new.typ() == unix.S_IFDIR && d.c.Kind != layers.Renamed ||
-			!d.old.exists && d.new.typ() == unix.S_IFDIR || !d.new.exists && d.old.typ() == unix.S_IFDIR {
+	err := eachDiffPair(cfg, cs, pairOpts{listing: true}, func(d *diffPair) error {
+		if !d.old.exists && !d.new.exists || d.old.typ() == unix.S_IFDIR || d.new.typ() == unix.S_IFDIR {
 			return nil
 		}
 		dc := d.content()
-		l := statLine{name: statName(d), binary: dc.binary, oldSize: d.old.size, newSize: d.new.size}
+		l := statLine{key: keyOf(d), name: statName(d), binary: dc.binary, same: !dc.differs, oldSize: d.old.size, newSize: d.new.size}
 		l.added, l.deleted = countLines(dc.script)
 		lines = append(lines, l)
 		return nil
@@ -49,6 +49,7 @@ func DiffStat(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
 	if err != nil || len(lines) == 0 {
 		return err
 	}
+	slices.SortStableFunc(lines, func(a, b statLine) int { return compareListed(a.key, b.key) })
 	bw := bufio.NewWriter(w)
 	writeStatLines(bw, lines)
 	return bw.Flush()
@@ -111,6 +112,9 @@ func writeStatLines(w io.Writer, lines []statLine) {
 }
 
 func binText(l statLine) string {
+	if l.same {
+		return "Bin"
+	}
 	return fmt.Sprintf("Bin %d -> %d bytes", l.oldSize, l.newSize)
 }
 
@@ -208,54 +212,63 @@ func renameName(a, b string) string {
 // change) or `m\tpath` (metadata only). Paths are quoted as in Diff. The
 // change set does not record the original's type, so T is written only
 // where the set proves a type change (a directory, fifo or socket that
-// was modified); NameStatusWithTypes checks the original.
+// was modified), and a renamed directory is one line;
+// NameStatusWithTypes reads the original.
 func NameStatus(w io.Writer, cs layers.ChangeSet) error {
-	return writeNameStatus(w, cs, func(c layers.Change) (string, error) {
-		switch c.Type {
-		case "dir", "fifo", "socket":
-			return "", nil // modified only by a change of type
-		}
-		return c.Type, nil
-	})
-}
-
-// NameStatusWithTypes is NameStatus that tells type changes (T) from
-// content changes (M) by looking at the original's object of each
-// modified path (one lstat each).
-func NameStatusWithTypes(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
-	r, err := openDiffReader(cfg, cs, pairOpts{})
-	if err != nil {
-		return err
-	}
-	defer r.close()
-	return writeNameStatus(w, cs, func(c layers.Change) (string, error) {
-		t, err := r.origType(r.counterpart(c.Path))
-		if t == "" {
-			t = c.Type
-		}
-		return t, err
-	})
-}
-
-func writeNameStatus(w io.Writer, cs layers.ChangeSet, oldType func(layers.Change) (string, error)) error {
 	bw := bufio.NewWriter(w)
 	for _, c := range cs.Listing() {
-		line := statusLetter(c, "") + "\t" + gitQuote(c.Path)
-		switch c.Kind {
-		case layers.Renamed:
-			line = "R\t" + gitQuote(c.From) + "\t" + gitQuote(c.Path)
-		case layers.Modified:
-			t, err := oldType(c)
-			if err != nil {
-				return err
-			}
-			line = statusLetter(c, t) + "\t" + gitQuote(c.Path)
+		oldType := c.Type
+		switch c.Type {
+		case "dir", "fifo", "socket":
+			oldType = "" // modified only by a change of type
 		}
-		if _, err := bw.WriteString(line + "\n"); err != nil {
+		if _, err := bw.WriteString(nameStatusLine(c, oldType) + "\n"); err != nil {
 			return err
 		}
 	}
 	return bw.Flush()
+}
+
+// NameStatusWithTypes is NameStatus that reads the original: it tells
+// type changes (T) from content changes (M) by the original's object of
+// each modified path (one lstat each), and lists with a renamed
+// directory the files that move with it (`R\td/f\te/f`, as git names
+// them) and the original files it drops (`D`), sorted by path as git
+// sorts them.
+func NameStatusWithTypes(w io.Writer, cfg layers.Config, cs layers.ChangeSet) error {
+	type line struct {
+		key  listedKey
+		text string
+	}
+	var lines []line
+	err := eachDiffPair(cfg, cs, pairOpts{listing: true, noContent: true}, func(d *diffPair) error {
+		oldType := d.c.Type
+		if d.old.exists {
+			oldType = layers.TypeName(d.old.mode)
+		}
+		lines = append(lines, line{keyOf(d), nameStatusLine(d.c, oldType)})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.SortStableFunc(lines, func(a, b line) int { return compareListed(a.key, b.key) })
+	bw := bufio.NewWriter(w)
+	for _, l := range lines {
+		if _, err := bw.WriteString(l.text + "\n"); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+// nameStatusLine is the name-status line of c (without its newline);
+// oldType is the original's type of a modified path.
+func nameStatusLine(c layers.Change, oldType string) string {
+	if c.Kind == layers.Renamed {
+		return "R\t" + gitQuote(c.From) + "\t" + gitQuote(c.Path)
+	}
+	return statusLetter(c, oldType) + "\t" + gitQuote(c.Path)
 }
 
 // statusLetter is the name-status letter of c; oldType is the original's
@@ -277,11 +290,6 @@ func statusLetter(c layers.Change, oldType string) string {
 		return "M"
 	}
 	return "?"
-}
-
-// listed is the change set as Listing shows it.
-func listed(cs layers.ChangeSet) layers.ChangeSet {
-	return layers.ChangeSet{Changes: cs.Listing()}
 }
 
 // b64IfInvalid returns s base64-encoded when it is not valid UTF-8 (JSON

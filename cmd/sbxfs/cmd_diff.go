@@ -32,9 +32,13 @@ stays 100640). The patch applies with git apply (binary files need
 --stat prints git diff --stat lines and a summary; --name-status prints
 A/M/D/T/m PATH and R FROM PATH lines (m: metadata only, T: type change);
 --json prints per change the paths, kind, types, modes, sizes, symlink
-targets, binary flag and added/deleted line counts. The sandbox is named
-as for 'sbxfs status'. Only the changed paths are read (and, for a
-renamed directory, the original's listings beneath it).
+targets, binary flag and added/deleted line counts. As the patch, these
+forms name each file a renamed directory moves (R d/f e/f) and each
+original file a change drops that no entry names (D), in path order;
+--json marks them with "implied_by", the path of the entry they follow
+from. The sandbox is named as for 'sbxfs status'. Only the changed paths
+are read (and, for a renamed, removed or replaced directory, the
+original's listings beneath it).
 
 The exit code is 0 whether or not there are changes; with --exit-code
 it is 9 when there are changes (git uses 1, which sbxfs uses for internal errors).`,

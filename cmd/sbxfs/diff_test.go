@@ -49,12 +49,12 @@ func TestDiffMountedSandbox(t *testing.T) {
 
 	r = runBin(t, bin, "diff", "--name-status", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Equal(t, []string{"M\ta.txt", "D\tdel.txt", "R\td\te", "A\tnew.txt"}, diffOutLines(r.stdout))
+	assert.Equal(t, []string{"M\ta.txt", "D\tdel.txt", "R\td\te", "R\td/f.txt\te/f.txt", "A\tnew.txt"}, diffOutLines(r.stdout))
 
 	r = runBin(t, bin, "diff", "--stat", f.dir)
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Contains(t, r.stdout, " a.txt   | 1 +\n")
-	assert.Contains(t, r.stdout, " 4 files changed, 2 insertions(+), 1 deletion(-)\n")
+	assert.Equal(t, " a.txt          | 1 +\n del.txt        | 1 -\n {d => e}/f.txt | 0\n new.txt        | 1 +\n"+
+		" 4 files changed, 2 insertions(+), 1 deletion(-)\n", r.stdout, "the moved file is listed, not the directory")
 
 	checkDiffJSON(t, bin, f)
 
@@ -88,11 +88,14 @@ func checkDiffJSON(t *testing.T, bin string, f sandboxFixture) {
 	for i, c := range out.Changes {
 		byPath[c.Path] = i
 	}
-	require.Len(t, out.Changes, 4)
+	require.Len(t, out.Changes, 5)
 	a := out.Changes[byPath["a.txt"]]
 	assert.Equal(t, "modified", a.Kind)
 	assert.Equal(t, 1, a.Added)
 	assert.Equal(t, "d", out.Changes[byPath["e"]].From)
+	moved := out.Changes[byPath["e/f.txt"]]
+	assert.Equal(t, "d/f.txt", moved.From)
+	assert.Equal(t, "e", moved.ImpliedBy, "moves with its directory")
 	assert.Equal(t, "deleted", out.Changes[byPath["del.txt"]].Kind)
 }
 
