@@ -3,10 +3,15 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -75,4 +80,95 @@ func (r *diffRun) checkListing() {
 	if len(bad) > 0 {
 		r.fail("", "sbxfs status lists what is not so:\n  %s", strings.Join(bad[:min(len(bad), 20)], "\n  "))
 	}
+}
+
+// checkDiffCoverage holds `sbxfs diff --json` to the two trees
+// themselves: every path where the mount shows something other than the
+// original (an object only one of them has, or another type, permission
+// bits, owner, content, symlink target, device number or user.*
+// attribute) must be named by an entry, as its path, its rename source or
+// its old path. A file a renamed directory moves needs an entry of its
+// own (git names each); a directory beneath a renamed one is shown by the
+// rename. The differential tests run it with checkListing.
+func (r *diffRun) checkDiffCoverage() {
+	r.t.Helper()
+	out := r.cliOutput("diff", "--json", r.sb.mnt)
+	var d struct {
+		Changes []commit.FileDiff `json:"changes"`
+	}
+	if err := json.Unmarshal(out, &d); err != nil {
+		r.fail("", "sbxfs diff --json: %v\n%s", err, out)
+	}
+	named := map[string]bool{}
+	var renamedDirs []string // both ends
+	for _, f := range d.Changes {
+		p := b64Or(f.Path, f.PathB64, r.t)
+		named[p] = true
+		if f.From != "" || f.FromB64 != "" {
+			from := b64Or(f.From, f.FromB64, r.t)
+			named[from] = true
+			if f.Type == "dir" {
+				renamedDirs = append(renamedDirs, from, p)
+			}
+		}
+		if f.OldPath != "" || f.OldPathB64 != "" {
+			named[b64Or(f.OldPath, f.OldPathB64, r.t)] = true
+		}
+	}
+	beneathRenamedDir := func(p string) bool {
+		for _, q := range renamedDirs {
+			if q == "" || strings.HasPrefix(p, q+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	opts := walkOpts{xattr: userXattrs, owner: true}
+	orig, err := walkTree(r.sb.orig, opts)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	mnt, err := walkTree(r.sb.mnt, opts)
+	if err != nil {
+		r.fail("", "walk the mount: %v", err)
+	}
+	var bad []string
+	check := func(p string) {
+		o, inOrig := orig[p]
+		m, inMnt := mnt[p]
+		if inOrig && inMnt && sameObject(o, m) || named[p] {
+			return
+		}
+		dirOrNone := func(n nodeInfo, in bool) bool { return !in || n.Type == unix.S_IFDIR }
+		if dirOrNone(o, inOrig) && dirOrNone(m, inMnt) && beneathRenamedDir(p) {
+			return
+		}
+		bad = append(bad, fmt.Sprintf("%q: original %s, mount %s", p, describe(o, inOrig), describe(m, inMnt)))
+	}
+	for p := range orig {
+		check(p)
+	}
+	for p := range mnt {
+		if _, ok := orig[p]; !ok {
+			check(p)
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		r.fail("", "sbxfs diff --json names no change at paths where the mount differs from the original:\n  %s", strings.Join(bad[:min(len(bad), 20)], "\n  "))
+	}
+}
+
+// sameObject reports whether two objects look the same to a user: type,
+// permission bits, owner, content, target, device number and attributes.
+func sameObject(a, b nodeInfo) bool {
+	return a.Type == b.Type && (a.Perm == b.Perm || a.Type == unix.S_IFLNK) && a.Uid == b.Uid && a.Gid == b.Gid &&
+		a.Hash == b.Hash && a.Target == b.Target && a.Rdev == b.Rdev && maps.Equal(a.Xattrs, b.Xattrs)
+}
+
+func describe(n nodeInfo, exists bool) string {
+	if !exists {
+		return "none"
+	}
+	return fmt.Sprintf("%s %04o %d:%d", fileTypeName(n.Type), n.Perm, n.Uid, n.Gid)
 }

@@ -235,6 +235,7 @@ func TestDifferential(t *testing.T) {
 	r.compareTrees("end")
 	r.checkPatch()
 	r.checkListing()
+	r.checkDiffCoverage()
 }
 
 // diffCommitSeeds are histories that once broke the commit (kept as
@@ -290,6 +291,7 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 	}
 	r.checkPatch()
 	r.checkListing()
+	r.checkDiffCoverage()
 	args := []string{"commit", "-m", "differential", r.sb.mnt}
 	if withGit {
 		args = append(args[:1], append([]string{"--git"}, args[1:]...)...)
@@ -417,6 +419,7 @@ func TestDifferentialRemount(t *testing.T) {
 	r.compareTrees("end")
 	r.checkPatch()
 	r.checkListing()
+	r.checkDiffCoverage()
 }
 
 func newDiffRun(t *testing.T, seed int64, links bool) *diffRun {
