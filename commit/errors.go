@@ -192,7 +192,7 @@ func conflictKey(r renames, c layers.Change) string {
 func describe(base layers.Signature, st *unix.Stat_t) string {
 	now := layers.SignatureOf(st)
 	switch {
-	case base.Ino != now.Ino || base.Mode&unix.S_IFMT != now.Mode&unix.S_IFMT:
+	case !sameObject(base, st):
 		return "replaced in the original"
 	case base.Size != now.Size || base.Mtime != now.Mtime:
 		return "content changed in the original"

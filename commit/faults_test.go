@@ -45,6 +45,52 @@ func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
 
+// An undo records the state it leaves as the next commit's base (moving
+// objects away and back changes their ctime), but only for the objects
+// the sandbox saw: an original file replaced while the undo ran (by
+// someone else, or swapped for a moment) stays a conflict, so the next
+// commit does not overwrite the new file.
+func TestUndoDoesNotAdoptAReplacedOriginal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chattr +i needs root")
+	}
+	s := newSandbox(t, map[string]string{"a/f": "a", "b/g": "b", "c/h": "c"})
+	s.write("a/f", "changed")
+	s.write("b/new", "new")
+	s.write("c/h", "changed")
+	s.done()
+	locked := filepath.Join(s.orig, "b")
+	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
+		t.Skipf("chattr +i is not supported here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", locked).Run() })
+
+	h := filepath.Join(s.orig, "c", "h")
+	replaced := false
+	err := commitAll(t, s.cfg, Options{Fault: func(point string) {
+		if point == "undoing" && !replaced {
+			replaced = true
+			require.NoError(t, os.Remove(h))
+			require.NoError(t, os.WriteFile(h, []byte("someone else's\n"), 0o644))
+		}
+	}})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	require.True(t, ce.RolledBack, "%v", err)
+	require.True(t, replaced, "the undo ran")
+
+	require.NoError(t, exec.Command("chattr", "-i", locked).Run())
+	err = commitAll(t, s.cfg, Options{})
+	require.ErrorAs(t, err, &ce)
+	require.Len(t, ce.Conflicts, 1, "%v", err)
+	assert.Equal(t, "c/h", ce.Conflicts[0].Path)
+	// "replaced", or "content changed" where the new file got the inode
+	// number of the one it replaced (ext4 hands a freed one out again).
+	assert.Contains(t, []string{"replaced in the original", "content changed in the original"}, ce.Conflicts[0].Reason)
+	assert.Equal(t, "someone else's\n", string(mustReadFile(t, h)))
+	assert.Equal(t, "a", string(mustReadFile(t, filepath.Join(s.orig, "a", "f"))))
+}
+
 // An original on a full filesystem (the upper elsewhere, so new content
 // is copied): the commit fails with ENOSPC before touching the original,
 // and leaves nothing behind.
@@ -81,4 +127,11 @@ func TestENOSPCLeavesOriginalUnchanged(t *testing.T) {
 	assert.Empty(t, leftovers, "the staging area is cleaned up")
 	_, err = os.Stat(filepath.Join(cfg.Work, UndoLogName))
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func mustReadFile(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return b
 }

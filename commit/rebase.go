@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
@@ -64,12 +66,16 @@ func (x *Txn) rebase() error {
 	}
 	for _, c := range cs.Changes {
 		p := conflictKey(r, c)
-		if _, ok := seen[p]; !ok {
+		base, ok := seen[p]
+		if !ok {
 			continue
+		}
+		if b, ok := over[p]; ok {
+			base = b
 		}
 		if sig, ok := restored[p]; ok {
 			over[p] = sig
-		} else if there, st, err := x.orig.exists(p); err == nil && there {
+		} else if there, st, err := x.orig.exists(p); err == nil && there && undoLeftAlone(base, &st) {
 			over[p] = layers.SignatureOf(&st)
 		}
 	}
@@ -88,4 +94,25 @@ func ForgetBases(work string) error {
 		return nil
 	}
 	return err
+}
+
+// sameObject reports whether st is the object base describes: the same
+// inode, of the same type.
+func sameObject(base layers.Signature, st *unix.Stat_t) bool {
+	return base.Ino == st.Ino && base.Mode&unix.S_IFMT == st.Mode&unix.S_IFMT
+}
+
+// undoLeftAlone reports whether st is the object base describes with no
+// change but those an apply and its undo make beside it: its ctime (an
+// object renamed away and back), and a directory's mtime (entries moved
+// out and back). Another object there (the original replaced, or
+// swapped for a moment while the undo ran; a new file may reuse the
+// inode number of the one it replaced), or other content, stays a
+// conflict.
+func undoLeftAlone(base layers.Signature, st *unix.Stat_t) bool {
+	now := layers.SignatureOf(st)
+	if !sameObject(base, st) || base.Mode != now.Mode {
+		return false
+	}
+	return now.Mode&unix.S_IFMT == unix.S_IFDIR || base.Size == now.Size && base.Mtime == now.Mtime
 }
