@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"slices"
 	"strings"
 
@@ -354,6 +353,39 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if err != nil {
 		return Change{}, false, err
 	}
+	if seen := t.seen[cp]; seen != 0 && (!inLo || lo.st.Mode&unix.S_IFMT != seen&unix.S_IFMT) {
+		// The sandbox saw the original's object at cp (it recorded its
+		// base), which the original no longer shows (nothing there, or
+		// an object of another type): the original
+		// changed since, or is changing while this is read (a directory
+		// on the way swapped for a symlink). Where the sandbox removed
+		// that object, or holds its copy (moved, or not), the change
+		// is one of that object, so that the commit's conflict check
+		// compares the original with the base: gone, the commit is
+		// refused; back, the change applies to it. Never a creation:
+		// a new directory replaces the original's whole, with every
+		// entry the sandbox never touched.
+		c := Change{Path: p}
+		switch {
+		case !inOv:
+			c.Kind, c.Type = Deleted, TypeName(seen)
+			if cp != p {
+				c.Original = cp
+			}
+			return c, true, nil
+		case l.isOriginalsCopy(p, cp, &ov, seen):
+			c.Type = TypeName(ov.Stat.Mode)
+			switch {
+			case t.from[p] == cp && cp != p:
+				c.Kind, c.From = Renamed, cp
+			case ov.IsDir():
+				c.Kind = Metadata
+			default:
+				c.Kind = Modified
+			}
+			return c, true, nil
+		}
+	}
 	if !inLo && cp != p {
 		// What p was renamed from was made in the sandbox: p has no
 		// counterpart elsewhere, only the original's object in its place.
@@ -371,15 +403,6 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c := Change{Path: p}
 	switch {
-	case !inOv && !inLo && cp == p && t.seen[p] != 0:
-		// Removed in the sandbox, which saw the original's object here
-		// (it recorded its base) that the original no longer shows: the
-		// original changed since, or is changing while this is read (a
-		// directory on the way swapped for a symlink). The removal stays
-		// in the change set, so the commit's conflict check compares the
-		// original with that base instead of dropping the removal.
-		c.Kind, c.Type = Deleted, TypeName(t.seen[p])
-		return c, true, nil
 	case !inOv && !inLo:
 		return c, false, nil
 	case !inOv:
@@ -434,22 +457,6 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		}
 		return c, true, nil
 	}
-	if !inLo && cp == p && l.isOriginalsCopy(p, &ov, t.seen[p]) {
-		// The sandbox saw the original's object here and holds a copy of
-		// it (a merged directory, a file copied up from p), yet the
-		// original shows none now: it lost it, or is changing while this
-		// is read (a directory on the way swapped for a symlink). Not
-		// Created: a new directory replaces the original's whole, with
-		// every entry the sandbox never touched. As a change of that
-		// object, the commit's conflict check compares the original with
-		// the sandbox's base: gone, the commit is refused; back, the
-		// change applies to it in place.
-		c.Kind = Modified
-		if ov.IsDir() {
-			c.Kind = Metadata
-		}
-		return c, true, nil
-	}
 	if !inLo {
 		c.Kind = Created
 		if to, ok := t.link[p]; ok && l.sameUpperObject(p, to) {
@@ -495,28 +502,45 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 }
 
 // isOriginalsCopy reports whether the overlay object ov at p is the
-// sandbox's copy of the original object it saw there (seen: that
-// object's mode, 0 when the sandbox saw none): a directory of the upper
-// layer that merges the original's (neither it nor a directory above it
-// is opaque), or a file whose origin is p.
-func (l *Layers) isOriginalsCopy(p string, ov *Entry, seen uint32) bool {
-	if seen == 0 || seen&unix.S_IFMT != ov.Stat.Mode&unix.S_IFMT {
+// sandbox's copy of the original object at o that it saw (seen: that
+// object's mode): a directory of the upper layer that merges the
+// original's o (lowerPathOf), or a file whose origin is o.
+func (l *Layers) isOriginalsCopy(p, o string, ov *Entry, seen uint32) bool {
+	if seen&unix.S_IFMT != ov.Stat.Mode&unix.S_IFMT {
 		return false
 	}
 	if !ov.IsDir() {
-		return l.cameFrom(ov, p)
+		return l.cameFrom(ov, o)
 	}
-	if !l.inUpper(p) {
-		return false
+	lp, ok := l.lowerPathOf(p)
+	return ok && lp == o
+}
+
+// lowerPathOf is the original path whose directory the upper directory
+// at p merges, as its attributes say (whether or not the original has
+// it now): its redirect, or its parent's lower path and its name; none
+// (false) beneath an opaque directory or where p is not in the upper.
+func (l *Layers) lowerPathOf(p string) (string, bool) {
+	up := l.UpperPath(p)
+	if !l.inUpper(p) || l.isOpaque(up) {
+		return "", false
 	}
-	for q := p; ; q = path.Dir(q) {
-		if l.isOpaque(l.UpperPath(q)) {
-			return false
-		}
-		if !strings.Contains(q, "/") {
-			return true
-		}
+	r := l.redirectOf(up)
+	if strings.HasPrefix(r, "/") {
+		return strings.TrimPrefix(r, "/"), true
 	}
+	if p == "" {
+		return "", true
+	}
+	dir, name := Split(p)
+	parent, ok := l.lowerPathOf(dir)
+	if !ok {
+		return "", false
+	}
+	if r == "" {
+		r = name
+	}
+	return Join(parent, r), true
 }
 
 // movedAway reports whether the original object at x is, in the overlay,

@@ -426,6 +426,48 @@ func TestFailingXattrChangesCopyNothingUp(t *testing.T) {
 // replaced whole at commit, with every entry the sandbox never touched;
 // as changes of the objects the sandbox saw, the commit's conflict check
 // compares them with the original.
+// TestChangeSetThroughRenamesWhileAnOriginalDirectoryIsSwapped: as
+// TestChangeSetWhileAnOriginalDirectoryIsSwapped, for objects the sandbox
+// moved: read while the original's d (or d/sub) is a symlink, the change
+// set still says the sandbox's e and sub2 are the original's d and d/sub
+// moved (not new directories, which would replace the original's whole
+// and drop d/sub/g1, which the sandbox never touched), and still removes
+// sub2/g2.
+func TestChangeSetThroughRenamesWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
+	for _, swap := range []string{"d", "d/sub"} {
+		t.Run(swap, func(t *testing.T) {
+			s := newStack(t, map[string]string{"d/f": "f", "d/sub/g1": "1", "d/sub/g2": "2", "elsewhere/sub/": ""})
+			var moved Obj
+			require.NoError(t, s.Rename("", s.dir(""), "d", &moved, "", s.dir(""), "e", 0, s.c))
+			s.write("e/f", "changed")
+			fd, _, err := s.Create("e/sub", s.dir("e/sub"), "n", 0o644, s.c)
+			require.NoError(t, err)
+			unix.Close(fd)
+			require.NoError(t, s.Unlink("e/sub", s.dir("e/sub"), "g2", s.c))
+			require.NoError(t, s.Rename("e", s.dir("e"), "sub", &moved, "", s.dir(""), "sub2", 0, s.c))
+
+			kinds := func() map[string]string {
+				cs, err := Changes(Config{Upper: s.upper, Work: s.work, Lowers: s.lowers})
+				require.NoError(t, err)
+				out := map[string]string{}
+				for _, c := range cs.Changes {
+					out[c.Path] = string(c.Kind) + " " + c.From
+				}
+				return out
+			}
+			want := map[string]string{"e": "renamed d", "e/f": "modified ", "sub2": "renamed d/sub", "sub2/g2": "deleted ", "sub2/n": "created "}
+			require.Equal(t, want, kinds())
+
+			d := filepath.Join(s.lower, swap)
+			require.NoError(t, os.Rename(d, d+".real"))
+			require.NoError(t, os.Symlink(filepath.Join(s.lower, "elsewhere"), d))
+			assert.Equal(t, want, kinds(), "read while the original's %s is a symlink", swap)
+			require.NoError(t, os.Remove(d))
+			require.NoError(t, os.Rename(d+".real", d))
+		})
+	}
+}
+
 func TestChangeSetWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
 	s := newStack(t, map[string]string{"d/f": "f", "d/sub/g1": "1", "d/sub/g2": "2", "elsewhere/": ""})
 	s.write("d/f", "changed")
