@@ -364,7 +364,11 @@ func writePlain(w io.Writer, d *diffPair) error {
 func writeMoved(w io.Writer, d *diffPair) error {
 	var b strings.Builder
 	for _, m := range d.moved {
-		fmt.Fprintf(&b, "diff --git %s %s\nsimilarity index 100%%\n", gitQuote("a/"+m.from), gitQuote("b/"+m.to))
+		fmt.Fprintf(&b, "diff --git %s %s\n", gitQuote("a/"+m.from), gitQuote("b/"+m.to))
+		if m.symlink && !m.copied {
+			b.WriteString(symlinkModeLines + "\n")
+		}
+		b.WriteString("similarity index 100%\n")
 		for _, l := range moveLines(m.from, m.to, m.copied) {
 			b.WriteString(l + "\n")
 		}
@@ -402,8 +406,14 @@ func writeDirLine(w io.Writer, d *diffPair, label, p string) error {
 	return err
 }
 
-// patchHeader returns the extended header lines of a pair: file modes and
-// renames.
+// symlinkModeLines name the mode of a symlink that moves. git apply
+// takes a symlink as gone from its old path (and a file made beneath that
+// path, after mv l m; mkdir l; touch l/x, as not beyond a symlink) only
+// when the entry that moves it says it is one.
+const symlinkModeLines = "old mode 120777\nnew mode 120777"
+
+// patchHeader returns the extended header lines of a pair: file modes
+// (also of a symlink that moves: symlinkModeLines) and renames.
 func patchHeader(d *diffPair) []string {
 	old, new := &d.old, &d.new
 	var hdr []string
@@ -413,7 +423,7 @@ func patchHeader(d *diffPair) []string {
 	case !new.exists:
 		hdr = append(hdr, fmt.Sprintf("deleted file mode %06o", old.mode))
 	default:
-		if old.mode != new.mode {
+		if old.mode != new.mode || old.typ() == unix.S_IFLNK && d.oldPath != d.newPath && !d.copied {
 			hdr = append(hdr, fmt.Sprintf("old mode %06o", old.mode), fmt.Sprintf("new mode %06o", new.mode))
 		}
 		if d.oldPath != d.newPath {

@@ -430,6 +430,7 @@ func TestDiffGitApply(t *testing.T) {
 		"over/x": "x\n", "over/y": "y\n", "bak/f": "f\n", "r/keep": "k\n", "r/replaced": "old\n", "other": "other\n",
 		"m/f": "old\n", "m/t": "t\n", "q/sub/f": "f\n", "q/sub/g": "g\n", "q/h": "h\n",
 		"w/b/f": "f\n", "w/k": "k\n", "gone/f": "f\n", "gone/sub/g": "g\n",
+		"sl": "-> a.txt", "fl": "fl\n", "k/ln": "-> x",
 	}
 	s := newDiffSandbox(t, files)
 	s.write("a.txt", "1\n2\nthree\n4\n5\n6\n7\n8\n9\nten\n11\n12\n13\n")
@@ -486,6 +487,16 @@ func TestDiffGitApply(t *testing.T) {
 	s.remove("gone2/sub")     // removed, which the original does not
 	s.remove("gone2/f")       // have: they go with the removed directory
 	s.remove("gone2")
+	s.mkdir("nd")            // an original symlink and file exchanged for
+	s.create("nd/n0", "n\n") // new directories with files: git apply
+	s.exchange("sl", "nd")   // makes nothing beneath a symlink unless
+	s.mkdir("nf")            // the entry that moves it says it is one
+	s.create("nf/x", "x\n")  // (its mode lines)
+	s.exchange("fl", "nf")
+	s.rename("k", "k2") // a symlink moved with its directory, a new
+	s.mkdir("k")        // directory with a file made at its old path
+	s.mkdir("k/ln")
+	s.create("k/ln/y", "y\n")
 	patch := s.diff(DiffOptions{Binary: true})
 	for _, want := range []string{
 		"renamed directory d -> e\nmode changed e 040755 -> 040700\n",
@@ -515,6 +526,7 @@ func TestDiffGitApply(t *testing.T) {
 		"e/sub2/h": "h\n", "e/sub2/deep/i": "i\ni\n", "out": "out\n", "e/sp ace": "s\n",
 		"over/x": "y\n", "bak/f~": "f\n", "bak/f": "new\n", "r2/keep": "k\n", "r2/replaced": "other\n",
 		"m/f": "new\n", "m/t": "new t\n", "q/sub/f": "new\n", "q2/h": "h\n", "w2/k": "k\n",
+		"sl/n0": "n\n", "nd": "-> a.txt", "fl/x": "x\n", "nf": "fl\n", "k2/ln": "-> x", "k/ln/y": "y\n",
 	}
 	got, executable := map[string]string{}, map[string]bool{}
 	require.NoError(t, filepath.WalkDir(work, func(p string, d fs.DirEntry, err error) error {

@@ -48,9 +48,9 @@ type patchExtras struct {
 // The listing forms also read its side (no content: it is the same on
 // both sides).
 type movedFile struct {
-	from, to string
-	copied   bool
-	side     diffSide
+	from, to        string
+	copied, symlink bool
+	side            diffSide
 }
 
 // readMovedSides reads, for the listing forms, the side of each file a
@@ -146,12 +146,13 @@ func (r *diffReader) handled(p string) bool {
 // place or a directory above them is gone from where it moved; those
 // with a change of their own (or one that claims them) are left to it.
 func (r *diffReader) movedWith(d *diffPair, from, to string) error {
-	return r.walkOriginal(from, to, func(o, n string, dir bool) (bool, error) {
+	return r.walkOriginal(from, to, func(o, n string, typ os.FileMode) (bool, error) {
 		c, changed := r.changes[n]
+		dir := typ.IsDir()
 		switch {
 		case !changed:
 			if !dir {
-				d.moved = append(d.moved, movedFile{from: o, to: n, copied: r.inPlace[o]})
+				d.moved = append(d.moved, movedFile{from: o, to: n, copied: r.inPlace[o], symlink: typ&os.ModeSymlink != 0})
 			}
 			return true, nil
 		case dir && (c.Kind == layers.Deleted || !comparesWith(r, c, o)):
@@ -167,8 +168,8 @@ func (r *diffReader) movedWith(d *diffPair, from, to string) error {
 // original directory at p, which the sandbox removed or replaced, that
 // no other change deals with.
 func (r *diffReader) goneBeneath(d *diffPair, p string) error {
-	return r.walkOriginal(p, p, func(o, _ string, dir bool) (bool, error) {
-		if dir || r.olds[o] {
+	return r.walkOriginal(p, p, func(o, _ string, typ os.FileMode) (bool, error) {
+		if typ.IsDir() || r.olds[o] {
 			return true, nil
 		}
 		return false, r.addGone(d, o)
@@ -196,7 +197,7 @@ func (r *diffReader) addGone(d *diffPair, o string) error {
 // what is renamed on its own (a rename source, and everything beneath
 // one), and enters a directory when fn says so. It lists the original's
 // directories, in name order.
-func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, dir bool) (bool, error)) error {
+func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, typ os.FileMode) (bool, error)) error {
 	fd, err := fsutil.OpenBeneath(r.orig, from, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return err
@@ -213,7 +214,7 @@ func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, dir bool
 		if r.sources[o] || !r.opts.listing && !e.IsDir() && !e.Type().IsRegular() && e.Type()&os.ModeSymlink == 0 {
 			continue
 		}
-		enter, err := fn(o, n, e.IsDir())
+		enter, err := fn(o, n, e.Type())
 		if err == nil && enter && e.IsDir() {
 			err = r.walkOriginal(o, n, fn)
 		}
