@@ -1,0 +1,252 @@
+package tests
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestDifferentialConcurrentCommit: random operations through the mount,
+// then a few changes made to the original directly (as an editor, git or
+// another agent would while the sandbox is open: a file appended to,
+// chmodded, removed, renamed or made, a directory renamed with what it
+// holds), then `sbxfs commit`.
+// Whatever the two histories, nothing anyone wrote is lost: a refused
+// commit (exit 7) leaves the original exactly as the other writer left
+// it; a commit that succeeds keeps every file the other writer wrote or
+// changed (found by content wherever the sandbox's renames took it, with
+// its mode) and applies the sandbox's changes to the rest (the files the
+// other writer did not touch end as in the plain directory). Files are
+// compared by content because a directory the sandbox moved takes the
+// other writer's files with it.
+func TestDifferentialConcurrentCommit(t *testing.T) {
+	if cliBin == "" {
+		t.Skipf("needs the sbxfs CLI: %s", cliErr)
+	}
+	seeds := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	if *flagSeed != 0 {
+		seeds = []int64{diffSeed(t)}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialConcurrentCommit$' -seed %d -diff.ops %d)", seed, seed, *flagDiffOps)
+			concurrentCommit(t, seed, max(*flagDiffOps/50, 20))
+		})
+	}
+}
+
+// otherWrite is what the other writer left in the original: a file with
+// this content and mode.
+type otherWrite struct {
+	desc string
+	sum  string
+	perm uint32
+}
+
+func concurrentCommit(t *testing.T, seed int64, ops int) {
+	r := newDiffRunGuard(t, seed, false, false, *flagDiffOpSet)
+	r.run(ops)
+	r.compareTrees("before the other writer")
+	r.closeFds()
+	r.links.release()
+
+	// The other writer: a few changes to original files and directories
+	// the original has now, drawn from the same seed.
+	before, err := walkTree(r.sb.orig, diffViewOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files, dirs []string
+	for p, n := range before {
+		switch {
+		case isDirInfo(n):
+			dirs = append(dirs, p)
+		case isRegularInfo(n):
+			files = append(files, p)
+		}
+	}
+	slices.Sort(files)
+	slices.Sort(dirs)
+	var wrote []otherWrite
+	touched := map[string]bool{} // original paths the other writer changed
+	for i := range 1 + r.rng.Intn(4) {
+		var desc string
+		var err error
+		switch k := r.rng.Intn(6); {
+		case k == 0 && len(files) > 0: // content
+			p := files[r.rng.Intn(len(files))]
+			data := []byte(fmt.Sprintf("\nother writer %d/%d", seed, i))
+			desc = "append to " + p
+			err = appendFile(filepath.Join(r.sb.orig, p), data)
+			touched[p] = true
+			if err == nil {
+				wrote = append(wrote, otherWrite{desc: desc, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: permOf(t, filepath.Join(r.sb.orig, p))})
+			}
+		case k == 1 && len(files) > 0: // mode
+			p := files[r.rng.Intn(len(files))]
+			perm := []uint32{0o600, 0o640, 0o750, 0o444}[r.rng.Intn(4)]
+			desc = fmt.Sprintf("chmod %04o %s", perm, p)
+			err = os.Chmod(filepath.Join(r.sb.orig, p), os.FileMode(perm))
+			touched[p] = true
+			if err == nil {
+				wrote = append(wrote, otherWrite{desc: desc, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: perm})
+			}
+		case k == 2 && len(files) > 0: // removal
+			p := files[r.rng.Intn(len(files))]
+			desc = "rm " + p
+			err = os.Remove(filepath.Join(r.sb.orig, p))
+			touched[p] = true
+		case k == 3 && len(files) > 0: // a file renamed
+			p := files[r.rng.Intn(len(files))]
+			q := filepath.Join(filepath.Dir(p), fmt.Sprintf("other-moved-%d", i))
+			desc = "mv " + p + " " + q
+			sum, perm := "", uint32(0)
+			if _, err := os.Lstat(filepath.Join(r.sb.orig, p)); err == nil {
+				sum, perm = fileSum(t, filepath.Join(r.sb.orig, p)), permOf(t, filepath.Join(r.sb.orig, p))
+			}
+			err = os.Rename(filepath.Join(r.sb.orig, p), filepath.Join(r.sb.orig, q))
+			touched[p], touched[q] = true, true
+			if err == nil {
+				wrote = append(wrote, otherWrite{desc: desc, sum: sum, perm: perm})
+			}
+		case k == 4 && len(dirs) > 1: // a directory renamed, with all in it
+			d := dirs[1+r.rng.Intn(len(dirs)-1)] // not the root
+			e := d + fmt.Sprintf("-other-%d", i)
+			desc = "mv " + d + " " + e
+			var in []otherWrite
+			for _, f := range files {
+				if strings.HasPrefix(f, d+"/") {
+					if _, err := os.Lstat(filepath.Join(r.sb.orig, f)); err == nil {
+						in = append(in, otherWrite{desc: desc + " (" + f + ")", sum: fileSum(t, filepath.Join(r.sb.orig, f)), perm: permOf(t, filepath.Join(r.sb.orig, f))})
+					}
+					touched[f], touched[e+strings.TrimPrefix(f, d)] = true, true
+				}
+			}
+			err = os.Rename(filepath.Join(r.sb.orig, d), filepath.Join(r.sb.orig, e))
+			if err == nil {
+				wrote = append(wrote, in...)
+			}
+		default: // a new file
+			d := ""
+			if len(dirs) > 0 {
+				d = dirs[r.rng.Intn(len(dirs))]
+			}
+			p := filepath.Join(d, fmt.Sprintf("other-%d", i))
+			desc = "create " + p
+			err = os.WriteFile(filepath.Join(r.sb.orig, p), []byte(fmt.Sprintf("made by the other writer %d/%d\n", seed, i)), 0o640)
+			touched[p] = true
+			if err == nil {
+				wrote = append(wrote, otherWrite{desc: desc, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: 0o640})
+			}
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrExist) {
+			t.Fatalf("other writer: %s: %v", desc, err)
+		}
+		r.history = append(r.history, fmt.Sprintf("%4s other writer, in the original: %s -> %v", "", desc, errOrOK(err)))
+	}
+	left, err := walkTree(r.sb.orig, unchangedOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "concurrent", r.sb.mnt)
+	code := exitCode(err)
+	t.Logf("sbxfs commit: exit %d\n%s", code, out)
+	switch code {
+	case exitConflictCode:
+		now, err := walkTree(r.sb.orig, unchangedOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := diffTrees(left, now, 25); len(d) > 0 {
+			r.fail("", "a refused commit changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
+		}
+		return
+	case 0:
+	default:
+		r.fail("", "sbxfs commit: exit %d: %v\n%s", code, err, out)
+	}
+
+	// The commit succeeded: every file the other writer left is there.
+	got, err := walkTree(r.sb.orig, diffViewOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost []string
+	for _, w := range wrote {
+		found := false
+		for _, n := range got {
+			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm
+		}
+		if !found {
+			lost = append(lost, w.desc)
+		}
+	}
+	if len(lost) > 0 {
+		r.fail("", "the commit succeeded and lost what the other writer did: %s", strings.Join(lost, "; "))
+	}
+	// And the rest is the sandbox's: paths neither the other writer
+	// touched nor moved with a directory end as in the plain directory.
+	want, err := walkTree(r.ref, diffViewOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var differ []string
+	for p, w := range want {
+		if !touched[p] {
+			if g, ok := got[p]; ok && isRegularInfo(g) && isRegularInfo(w) && g.Hash != w.Hash && !wroteSum(wrote, g.Hash) {
+				differ = append(differ, p)
+			}
+		}
+	}
+	if len(differ) > 0 {
+		slices.Sort(differ)
+		r.fail("", "after the commit these files have neither the sandbox's content nor the other writer's: %q", differ[:min(len(differ), 20)])
+	}
+}
+
+func wroteSum(wrote []otherWrite, sum string) bool {
+	for _, w := range wrote {
+		if w.sum == sum {
+			return true
+		}
+	}
+	return false
+}
+
+func isDirInfo(n nodeInfo) bool     { return n.Type == unix.S_IFDIR }
+func isRegularInfo(n nodeInfo) bool { return n.Type == unix.S_IFREG }
+
+// fileSum is the content hash walkTree records.
+func fileSum(t *testing.T, p string) string {
+	t.Helper()
+	h, err := hashFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func permOf(t *testing.T, p string) uint32 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Mode & 0o7777
+}
+
+func errOrOK(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return err.Error()
+}
