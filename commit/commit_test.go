@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -352,6 +353,77 @@ func TestConflictRefusesAndForceApplies(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(s.orig, "mod.txt"))
 	require.NoError(t, err)
 	assert.Equal(t, "sandbox", string(b))
+}
+
+// TestConflictAtARenameTarget: a rename puts an object at its target,
+// replacing what the sandbox saw there or where it saw nothing. What the
+// original has at the target now must be that, else the commit would
+// replace someone else's change without a word (it did, until the check
+// looked only at the rename's source).
+func TestConflictAtARenameTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name, target string
+		other        func(p string) error
+		reason       string
+	}{
+		{"made there in the original", "d/new", func(p string) error { return os.WriteFile(p, []byte("other writer"), 0o644) },
+			"created in the original too"},
+		{"the replaced file changed in the original", "d/f", func(p string) error { return os.Chmod(p, 0o600) },
+			"mode changed in the original"},
+		{"beneath a renamed directory", "e/f", func(p string) error { return os.WriteFile(p, []byte("other writer"), 0o644) },
+			"content changed in the original"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"d/f": "f", "d/g": "g"})
+			if strings.HasPrefix(tc.target, "e/") {
+				s.rename("d", "e")
+				s.rename("e/g", tc.target)
+			} else {
+				s.rename("d/g", tc.target)
+			}
+			s.done()
+			p := filepath.Join(s.orig, "d", path.Base(tc.target))
+			require.NoError(t, tc.other(p))
+			before := snapshot(t, s.orig)
+			err := commitAll(t, s.cfg, Options{})
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, []Conflict{{Path: tc.target, Reason: tc.reason}}, ce.Conflicts)
+			assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+
+			require.NoError(t, commitAll(t, s.cfg, Options{Force: true}))
+			b, err := os.ReadFile(filepath.Join(s.orig, tc.target))
+			require.NoError(t, err)
+			assert.Equal(t, "g", string(b), "--force applies the rename")
+		})
+	}
+}
+
+// TestConflictWhenTheDirectoryOfAChangeMoved: the sandbox made a file in
+// an original directory that the original then moved away (or replaced):
+// a conflict on that directory, where the commit once got as far as the
+// apply and failed there.
+func TestConflictWhenTheDirectoryOfAChangeMoved(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replaced=%v", replace), func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"d/sub/f": "f", "g": "g"})
+			s.write("d/sub/new", "new")
+			s.done()
+			sub := filepath.Join(s.orig, "d", "sub")
+			require.NoError(t, os.Rename(sub, sub+"-moved"))
+			want := Conflict{Path: "d/sub", Reason: "removed from the original"}
+			if replace {
+				require.NoError(t, os.Mkdir(sub, 0o755))
+				want.Reason = "replaced in the original"
+			}
+			before := snapshot(t, s.orig)
+			err := commitAll(t, s.cfg, Options{})
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, []Conflict{want}, ce.Conflicts)
+			assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+		})
+	}
 }
 
 func TestUndoRestoresAndRetryWorks(t *testing.T) {

@@ -82,8 +82,7 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 		}
 	}
 	var out []Conflict
-	for _, c := range cs.Changes {
-		p := conflictKey(r, c)
+	check := func(c layers.Change, p string, target bool) {
 		base, seen := bases[p]
 		there, st, err := orig.inTree(p)
 		switch {
@@ -98,10 +97,56 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 			// unaccounted when it is deleted).
 			out = append(out, Conflict{Path: c.Path, Reason: "created in the original too"})
 		case !seen:
-		case !there:
+		case !there && !target:
 			out = append(out, Conflict{Path: c.Path, Reason: "removed from the original"})
+		case !there:
+			// What the rename replaced is gone from the original too.
 		case layers.SignatureOf(&st) != base:
 			out = append(out, Conflict{Path: c.Path, Reason: describe(base, &st)})
+		}
+	}
+	keyed := map[string]bool{}
+	for _, c := range cs.Changes {
+		keyed[conflictKey(r, c)] = true
+	}
+	for _, c := range cs.Changes {
+		check(c, conflictKey(r, c), false)
+		if c.Kind != layers.Renamed {
+			continue
+		}
+		// A rename also replaces what the original has at its target
+		// (the sandbox recorded its signature when the rename replaced
+		// it), or puts the object where the original has none: the
+		// object the original has there now must be that one, or none.
+		dir, name := layers.Split(c.Path)
+		if p := layers.Join(r.original(dir), name); !keyed[p] {
+			check(c, p, true)
+		}
+	}
+	// The directories the changes are made in: an original one the
+	// sandbox changed the entries of (it recorded its signature) must
+	// still be that directory, else the commit could not put them there
+	// (moved or removed in the original: the apply would fail and undo,
+	// or, replaced, put them into another directory).
+	parents := map[string]bool{}
+	for _, c := range cs.Changes {
+		dir, _ := layers.Split(c.Path)
+		q := r.original(dir)
+		if dir == "" || parents[q] || keyed[q] || newDirs[dir] || inNewDir(newDirs, dir) {
+			continue
+		}
+		parents[q] = true
+		base, seen := bases[q]
+		if !seen {
+			continue
+		}
+		switch there, st, err := orig.inTree(q); {
+		case err != nil:
+			out = append(out, Conflict{Path: dir, Reason: err.Error()})
+		case !there:
+			out = append(out, Conflict{Path: dir, Reason: "removed from the original"})
+		case !sameObject(base, &st):
+			out = append(out, Conflict{Path: dir, Reason: "replaced in the original"})
 		}
 	}
 	return append(out, unaccounted(orig, cs, r, bases)...)
