@@ -120,8 +120,16 @@ func (x *Txn) undo(s *step) error {
 		if s.Old == nil {
 			return nil
 		}
-		if ok, _, err := x.orig.exists(s.Path); err != nil || !ok {
+		ok, st, err := x.orig.exists(s.Path)
+		if err != nil || !ok {
 			return err
+		}
+		if s.Ino != 0 && st.Ino != s.Ino {
+			// Another object is there: the step never reached the
+			// object it was for (an apply that stopped before the
+			// rename bringing it here). Old is that object's
+			// metadata, not this one's.
+			return nil
 		}
 		return x.orig.setMeta(s.Path, s.Old)
 	case opMkdir:

@@ -45,6 +45,38 @@ func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
 
+// An apply that stops before the rename bringing an object to a path is
+// undone without touching what is at that path: the undo of the metadata
+// step for the object (which never ran) once set that object's old
+// metadata on whatever was there. Here the sandbox exchanges a directory
+// and a file; the original's file kept the directory's mode after the
+// "the original is unchanged" undo.
+func TestUndoOfAnApplyStoppedBeforeAnExchange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chattr +i needs root")
+	}
+	s := newSandbox(t, map[string]string{"g/x": "x", "h/f": "f", "a/keep": "k"})
+	require.NoError(t, os.Chmod(filepath.Join(s.orig, "g"), 0o750))
+	require.NoError(t, os.Chmod(filepath.Join(s.orig, "h", "f"), 0o640))
+	src := s.lookup("g")
+	require.NoError(t, s.l.Rename("", s.lookup(""), "g", &src, "h", s.lookup("h"), "f", unix.RENAME_EXCHANGE, s.c))
+	s.write("a/new", "new")
+	s.done()
+	old := snapshotTimes(t, s.orig)
+	locked := filepath.Join(s.orig, "a")
+	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
+		t.Skipf("chattr +i is not supported here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", locked).Run() })
+
+	err := commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	require.True(t, ce.RolledBack, "%v", err)
+	require.NoError(t, exec.Command("chattr", "-i", locked).Run())
+	assert.Equal(t, old, snapshotTimes(t, s.orig), "the original is unchanged, modes too")
+}
+
 // An undo records the state it leaves as the next commit's base (moving
 // objects away and back changes their ctime), but only for the objects
 // the sandbox saw: an original file replaced while the undo ran (by

@@ -302,8 +302,11 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 		if err != nil {
 			return err
 		}
-		if old, err := x.orig.metaAt(r.original(s.Path)); err == nil {
-			s.Old = old
+		o := r.original(s.Path)
+		if st, err := x.orig.lstat(o); err == nil {
+			if old, err := x.orig.metaAt(o); err == nil {
+				s.Old, s.Ino = old, st.Ino
+			}
 		}
 	}
 	return nil
