@@ -406,7 +406,7 @@ func (n *node) stat(f fusefs.FileHandle) (unix.Stat_t, error) {
 		if !ok {
 			return st, errno
 		}
-		st.Nlink = 0
+		orphaned(&st)
 		return st, nil
 	case fd >= 0:
 		err = unix.Fstat(fd, &st)
@@ -515,9 +515,19 @@ func (n *node) setattrOrphan(a layers.SetAttr, errno syscall.Errno) (unix.Stat_t
 	if a.Mode != nil || a.Uid != nil || a.Gid != nil || a.Atime != nil || a.Mtime != nil {
 		st.Ctim = unix.NsecToTimespec(now.UnixNano())
 	}
-	st.Nlink = 0
+	orphaned(&st)
 	n.last = st
 	return st, 0
+}
+
+// orphaned makes st the attributes of an object removed while open, as
+// ext4 gives them: no link left, and a removed directory is empty (size
+// 0; ext4_rmdir sets it so).
+func orphaned(st *unix.Stat_t) {
+	st.Nlink = 0
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		st.Size = 0
+	}
 }
 
 func toSetAttr(in *gofuse.SetAttrIn) layers.SetAttr {
