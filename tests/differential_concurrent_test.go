@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // TestDifferentialConcurrentCommit: random operations through the mount,
@@ -44,11 +47,12 @@ func TestDifferentialConcurrentCommit(t *testing.T) {
 }
 
 // otherWrite is what the other writer left in the original: a file with
-// this content and mode.
+// this content and mode, at (or moved from) paths.
 type otherWrite struct {
-	desc string
-	sum  string
-	perm uint32
+	desc  string
+	paths []string
+	sum   string
+	perm  uint32
 }
 
 func concurrentCommit(t *testing.T, seed int64, ops int) {
@@ -88,7 +92,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			err = appendFile(filepath.Join(r.sb.orig, p), data)
 			touched[p] = true
 			if err == nil {
-				wrote = append(wrote, otherWrite{desc: desc, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: permOf(t, filepath.Join(r.sb.orig, p))})
+				wrote = append(wrote, otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: permOf(t, filepath.Join(r.sb.orig, p))})
 			}
 		case k == 1 && len(files) > 0: // mode
 			p := files[r.rng.Intn(len(files))]
@@ -97,13 +101,14 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			err = os.Chmod(filepath.Join(r.sb.orig, p), os.FileMode(perm))
 			touched[p] = true
 			if err == nil {
-				wrote = append(wrote, otherWrite{desc: desc, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: perm})
+				wrote = append(wrote, otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: perm})
 			}
 		case k == 2 && len(files) > 0: // removal
 			p := files[r.rng.Intn(len(files))]
 			desc = "rm " + p
 			err = os.Remove(filepath.Join(r.sb.orig, p))
 			touched[p] = true
+			wrote = forget(wrote, p)
 		case k == 3 && len(files) > 0: // a file renamed
 			p := files[r.rng.Intn(len(files))]
 			q := filepath.Join(filepath.Dir(p), fmt.Sprintf("other-moved-%d", i))
@@ -114,25 +119,31 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			}
 			err = os.Rename(filepath.Join(r.sb.orig, p), filepath.Join(r.sb.orig, q))
 			touched[p], touched[q] = true, true
+			wrote = forget(wrote, p)
 			if err == nil {
-				wrote = append(wrote, otherWrite{desc: desc, sum: sum, perm: perm})
+				wrote = append(wrote, otherWrite{desc: desc, paths: []string{p, q}, sum: sum, perm: perm})
 			}
 		case k == 4 && len(dirs) > 1: // a directory renamed, with all in it
 			d := dirs[1+r.rng.Intn(len(dirs)-1)] // not the root
 			e := d + fmt.Sprintf("-other-%d", i)
 			desc = "mv " + d + " " + e
-			var in []otherWrite
-			for _, f := range files {
-				if strings.HasPrefix(f, d+"/") {
-					if _, err := os.Lstat(filepath.Join(r.sb.orig, f)); err == nil {
-						in = append(in, otherWrite{desc: desc + " (" + f + ")", sum: fileSum(t, filepath.Join(r.sb.orig, f)), perm: permOf(t, filepath.Join(r.sb.orig, f))})
-					}
-					touched[f], touched[e+strings.TrimPrefix(f, d)] = true, true
+			var in []otherWrite // every file in it now
+			walkErr := filepath.WalkDir(filepath.Join(r.sb.orig, d), func(full string, de fs.DirEntry, err error) error {
+				if err != nil || !de.Type().IsRegular() {
+					return err
 				}
+				f, _ := filepath.Rel(r.sb.orig, full)
+				in = append(in, otherWrite{desc: desc + " (" + f + ")", paths: []string{f, e + strings.TrimPrefix(f, d)},
+					sum: fileSum(t, full), perm: permOf(t, full)})
+				touched[f], touched[e+strings.TrimPrefix(f, d)] = true, true
+				return nil
+			})
+			if walkErr != nil && !errors.Is(walkErr, fs.ErrNotExist) {
+				t.Fatal(walkErr)
 			}
 			err = os.Rename(filepath.Join(r.sb.orig, d), filepath.Join(r.sb.orig, e))
 			if err == nil {
-				wrote = append(wrote, in...)
+				wrote = append(forget(wrote, d), in...)
 			}
 		default: // a new file
 			d := ""
@@ -144,7 +155,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			err = os.WriteFile(filepath.Join(r.sb.orig, p), []byte(fmt.Sprintf("made by the other writer %d/%d\n", seed, i)), 0o640)
 			touched[p] = true
 			if err == nil {
-				wrote = append(wrote, otherWrite{desc: desc, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: 0o640})
+				wrote = append(wrote, otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: 0o640})
 			}
 		}
 		if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrExist) {
@@ -169,6 +180,34 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		if d := diffTrees(left, now, 25); len(d) > 0 {
 			r.fail("", "a refused commit changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
 		}
+		// --force lets the sandbox win where the commit named a
+		// conflict, and nowhere else: what the other writer did away
+		// from every named path stays. Or it fails as a whole.
+		named := r.conflictPaths(string(out))
+		out, err = runTimeout(60*time.Second, cliBin, "commit", "--force", "-m", "concurrent", r.sb.mnt)
+		if exitCode(err) == exitCommitFailedCode &&
+			(strings.Contains(string(out), "the original is unchanged") || strings.Contains(string(out), "commit prepare: ")) {
+			// The other writer moved or removed a directory the
+			// sandbox changes things in, or renames: --force cannot
+			// apply them there, and fails as a whole.
+			if now, err = walkTree(r.sb.orig, unchangedOpts); err != nil {
+				t.Fatal(err)
+			}
+			if d := diffTrees(left, now, 25); len(d) > 0 {
+				r.fail("", "commit --force failed and changed the original (want = as the other writer left it):\n  %s\n%s", strings.Join(d, "\n  "), out)
+			}
+			return
+		}
+		if err != nil {
+			r.fail("", "sbxfs commit --force after the conflicts %q: %v\n%s", named, err, out)
+		}
+		var kept []otherWrite
+		for _, w := range wrote {
+			if !coveredBy(w.paths, named) {
+				kept = append(kept, w)
+			}
+		}
+		r.checkKept(kept, "commit --force")
 		return
 	case 0:
 	default:
@@ -176,23 +215,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 	}
 
 	// The commit succeeded: every file the other writer left is there.
-	got, err := walkTree(r.sb.orig, diffViewOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lost []string
-	for _, w := range wrote {
-		found := false
-		for _, n := range got {
-			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm
-		}
-		if !found {
-			lost = append(lost, w.desc)
-		}
-	}
-	if len(lost) > 0 {
-		r.fail("", "the commit succeeded and lost what the other writer did: %s", strings.Join(lost, "; "))
-	}
+	got := r.checkKept(wrote, "commit")
 	// And the rest is the sandbox's: paths neither the other writer
 	// touched nor moved with a directory end as in the plain directory.
 	want, err := walkTree(r.ref, diffViewOpts)
@@ -211,6 +234,82 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		slices.Sort(differ)
 		r.fail("", "after the commit these files have neither the sandbox's content nor the other writer's: %q", differ[:min(len(differ), 20)])
 	}
+}
+
+// checkKept demands a file with the content and mode of each of wrote in
+// the original, and returns the original's tree.
+func (r *diffRun) checkKept(wrote []otherWrite, what string) map[string]nodeInfo {
+	r.t.Helper()
+	got, err := walkTree(r.sb.orig, diffViewOpts)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var lost []string
+	for _, w := range wrote {
+		found := false
+		for _, n := range got {
+			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm
+		}
+		if !found {
+			lost = append(lost, w.desc)
+		}
+	}
+	if len(lost) > 0 {
+		r.fail("", "%s succeeded and lost what the other writer did: %s", what, strings.Join(lost, "; "))
+	}
+	return got
+}
+
+// conflictPaths reads the paths a refused commit names, as original
+// paths (through the sandbox's renames, which sbxfs status lists).
+func (r *diffRun) conflictPaths(out string) []string {
+	r.t.Helper()
+	var st struct {
+		Changes []layers.Change `json:"changes"`
+	}
+	if err := json.Unmarshal(r.cliOutput("status", "--json", r.sb.mnt), &st); err != nil {
+		r.t.Fatal(err)
+	}
+	renamed := map[string]string{}
+	for _, c := range st.Changes {
+		if c.Kind == layers.Renamed {
+			renamed[c.Path] = c.From
+		}
+	}
+	var paths []string
+	for _, l := range strings.Split(out, "\n") {
+		if p, _, ok := strings.Cut(strings.TrimPrefix(l, "  "), ": "); ok && strings.HasPrefix(l, "  ") {
+			// The original path of what is there, or of what a rename
+			// there replaced.
+			dir, name := layers.Split(p)
+			paths = append(paths, p, layers.Counterpart(renamed, p), layers.Join(layers.Counterpart(renamed, dir), name))
+		}
+	}
+	if len(paths) == 0 {
+		r.fail("", "a refused commit names no path:\n%s", out)
+	}
+	return paths
+}
+
+// coveredBy reports whether one of paths is, lies beneath or holds one of
+// named.
+func coveredBy(paths, named []string) bool {
+	for _, p := range paths {
+		for _, n := range named {
+			if p == n || n == "" || strings.HasPrefix(p, n+"/") || strings.HasPrefix(n, p+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// forget drops what the other writer wrote at p or beneath it (it has
+// removed or moved it since; a move records it again).
+func forget(wrote []otherWrite, p string) []otherWrite {
+	return slices.DeleteFunc(wrote, func(w otherWrite) bool {
+		return w.paths[0] == p || strings.HasPrefix(w.paths[0], p+"/")
+	})
 }
 
 func wroteSum(wrote []otherWrite, sum string) bool {
