@@ -18,19 +18,12 @@ import (
 // what was applied is undone, the error says so, and after the cause is
 // fixed the same sandbox commits.
 func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chattr +i needs root")
-	}
 	s := newSandbox(t, map[string]string{"a/f": "a", "z/g": "z"})
 	s.write("a/f", "changed")
 	s.write("z/new", "new")
 	s.done()
 	old := snapshot(t, s.orig)
-	locked := filepath.Join(s.orig, "z")
-	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
-		t.Skipf("chattr +i is not supported here: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", locked).Run() })
+	unlock := immutable(t, filepath.Join(s.orig, "z"))
 
 	err := commitAll(t, s.cfg, Options{})
 	var ce *Error
@@ -40,7 +33,7 @@ func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
 	assert.ErrorIs(t, err, unix.EPERM)
 	assert.Equal(t, old, snapshot(t, s.orig))
 
-	require.NoError(t, exec.Command("chattr", "-i", locked).Run())
+	unlock()
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
 }
@@ -52,9 +45,6 @@ func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
 // and a file; the original's file kept the directory's mode after the
 // "the original is unchanged" undo.
 func TestUndoOfAnApplyStoppedBeforeAnExchange(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chattr +i needs root")
-	}
 	s := newSandbox(t, map[string]string{"g/x": "x", "h/f": "f", "a/keep": "k"})
 	require.NoError(t, os.Chmod(filepath.Join(s.orig, "g"), 0o750))
 	require.NoError(t, os.Chmod(filepath.Join(s.orig, "h", "f"), 0o640))
@@ -63,17 +53,13 @@ func TestUndoOfAnApplyStoppedBeforeAnExchange(t *testing.T) {
 	s.write("a/new", "new")
 	s.done()
 	old := snapshotTimes(t, s.orig)
-	locked := filepath.Join(s.orig, "a")
-	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
-		t.Skipf("chattr +i is not supported here: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", locked).Run() })
+	unlock := immutable(t, filepath.Join(s.orig, "a"))
 
 	err := commitAll(t, s.cfg, Options{})
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
 	require.True(t, ce.RolledBack, "%v", err)
-	require.NoError(t, exec.Command("chattr", "-i", locked).Run())
+	unlock()
 	assert.Equal(t, old, snapshotTimes(t, s.orig), "the original is unchanged, modes too")
 }
 
@@ -83,19 +69,12 @@ func TestUndoOfAnApplyStoppedBeforeAnExchange(t *testing.T) {
 // someone else, or swapped for a moment) stays a conflict, so the next
 // commit does not overwrite the new file.
 func TestUndoDoesNotAdoptAReplacedOriginal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chattr +i needs root")
-	}
 	s := newSandbox(t, map[string]string{"a/f": "a", "b/g": "b", "c/h": "c"})
 	s.write("a/f", "changed")
 	s.write("b/new", "new")
 	s.write("c/h", "changed")
 	s.done()
-	locked := filepath.Join(s.orig, "b")
-	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
-		t.Skipf("chattr +i is not supported here: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", locked).Run() })
+	unlock := immutable(t, filepath.Join(s.orig, "b"))
 
 	h := filepath.Join(s.orig, "c", "h")
 	replaced := false
@@ -111,7 +90,7 @@ func TestUndoDoesNotAdoptAReplacedOriginal(t *testing.T) {
 	require.True(t, ce.RolledBack, "%v", err)
 	require.True(t, replaced, "the undo ran")
 
-	require.NoError(t, exec.Command("chattr", "-i", locked).Run())
+	unlock()
 	err = commitAll(t, s.cfg, Options{})
 	require.ErrorAs(t, err, &ce)
 	require.Len(t, ce.Conflicts, 1, "%v", err)
@@ -166,4 +145,19 @@ func mustReadFile(t *testing.T, p string) []byte {
 	b, err := os.ReadFile(p)
 	require.NoError(t, err)
 	return b
+}
+
+// immutable makes the directory p immutable (chattr +i), so that an apply
+// fails there with EPERM, and returns what makes it mutable again (also
+// run at cleanup). It skips the test where that cannot be done.
+func immutable(t *testing.T, p string) (unlock func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("chattr +i needs root")
+	}
+	if out, err := exec.Command("chattr", "+i", p).CombinedOutput(); err != nil {
+		t.Skipf("chattr +i is not supported here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
+	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
 }
