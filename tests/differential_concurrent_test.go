@@ -20,8 +20,9 @@ import (
 // TestDifferentialConcurrentCommit: random operations through the mount,
 // then a few changes made to the original directly (as an editor, git or
 // another agent would while the sandbox is open: a file appended to,
-// chmodded, removed, renamed or made, a directory renamed with what it
-// holds), then `sbxfs commit`.
+// chmodded, given an attribute, removed, renamed, made or replaced by a
+// directory, a directory renamed with what it holds), then `sbxfs
+// commit`.
 // Whatever the two histories, nothing anyone wrote is lost: a refused
 // commit (exit 7) leaves the original exactly as the other writer left
 // it; a commit that succeeds keeps every file the other writer wrote or
@@ -53,6 +54,7 @@ type otherWrite struct {
 	paths []string
 	sum   string
 	perm  uint32
+	xattr string // the value of user.other, when set
 }
 
 func concurrentCommit(t *testing.T, seed int64, ops int) {
@@ -84,7 +86,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 	for i := range 1 + r.rng.Intn(4) {
 		var desc string
 		var err error
-		switch k := r.rng.Intn(6); {
+		switch k := r.rng.Intn(8); {
 		case k == 0 && len(files) > 0: // content
 			p := files[r.rng.Intn(len(files))]
 			data := []byte(fmt.Sprintf("\nother writer %d/%d", seed, i))
@@ -92,7 +94,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			err = appendFile(filepath.Join(r.sb.orig, p), data)
 			touched[p] = true
 			if err == nil {
-				wrote = append(wrote, otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: permOf(t, filepath.Join(r.sb.orig, p))})
+				wrote = append(forget(wrote, p), otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: permOf(t, filepath.Join(r.sb.orig, p))})
 			}
 		case k == 1 && len(files) > 0: // mode
 			p := files[r.rng.Intn(len(files))]
@@ -101,7 +103,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			err = os.Chmod(filepath.Join(r.sb.orig, p), os.FileMode(perm))
 			touched[p] = true
 			if err == nil {
-				wrote = append(wrote, otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: perm})
+				wrote = append(forget(wrote, p), otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)), perm: perm})
 			}
 		case k == 2 && len(files) > 0: // removal
 			p := files[r.rng.Intn(len(files))]
@@ -144,6 +146,31 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			err = os.Rename(filepath.Join(r.sb.orig, d), filepath.Join(r.sb.orig, e))
 			if err == nil {
 				wrote = append(forget(wrote, d), in...)
+			}
+		case k == 5 && len(files) > 0: // an attribute
+			p := files[r.rng.Intn(len(files))]
+			value := fmt.Sprintf("other writer %d/%d", seed, i)
+			desc = "setfattr user.other " + p
+			err = unix.Lsetxattr(filepath.Join(r.sb.orig, p), "user.other", []byte(value), 0)
+			touched[p] = true
+			if err == nil {
+				wrote = append(forget(wrote, p), otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)),
+					perm: permOf(t, filepath.Join(r.sb.orig, p)), xattr: value})
+			}
+		case k == 6 && len(files) > 0: // a file replaced by a directory
+			p := files[r.rng.Intn(len(files))]
+			desc = "rm " + p + "; mkdir " + p + "; create " + p + "/inside"
+			if err = os.Remove(filepath.Join(r.sb.orig, p)); err == nil {
+				err = os.Mkdir(filepath.Join(r.sb.orig, p), 0o755)
+			}
+			inside := filepath.Join(p, "inside")
+			if err == nil {
+				err = os.WriteFile(filepath.Join(r.sb.orig, inside), []byte(fmt.Sprintf("inside, by the other writer %d/%d\n", seed, i)), 0o644)
+			}
+			touched[p], touched[inside] = true, true
+			wrote = forget(wrote, p)
+			if err == nil {
+				wrote = append(wrote, otherWrite{desc: desc, paths: []string{inside}, sum: fileSum(t, filepath.Join(r.sb.orig, inside)), perm: 0o644})
 			}
 		default: // a new file
 			d := ""
@@ -248,7 +275,7 @@ func (r *diffRun) checkKept(wrote []otherWrite, what string) map[string]nodeInfo
 	for _, w := range wrote {
 		found := false
 		for _, n := range got {
-			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm
+			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm && (w.xattr == "" || n.Xattrs["user.other"] == w.xattr)
 		}
 		if !found {
 			lost = append(lost, w.desc)
@@ -305,7 +332,8 @@ func coveredBy(paths, named []string) bool {
 }
 
 // forget drops what the other writer wrote at p or beneath it (it has
-// removed or moved it since; a move records it again).
+// removed, moved or changed it since; a move or a change records it
+// again).
 func forget(wrote []otherWrite, p string) []otherWrite {
 	return slices.DeleteFunc(wrote, func(w otherWrite) bool {
 		return w.paths[0] == p || strings.HasPrefix(w.paths[0], p+"/")
