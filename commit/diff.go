@@ -103,12 +103,7 @@ func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func
 	changes := cs.Changes
 	if opts.listing {
 		changes = cs.Listing()
-		r.listedRemovals = map[string]bool{}
-		for _, c := range changes {
-			if c.Kind == layers.Deleted {
-				r.listedRemovals[c.Path] = true
-			}
-		}
+		r.leaveToListing(changes)
 	}
 	dirs := map[string]bool{} // every proper ancestor of a changed path
 	for _, c := range changes {

@@ -291,6 +291,55 @@ func TestDiffNameStatusStatJSON(t *testing.T) {
 	assert.EqualValues(t, 2, *g.OldSize)
 }
 
+// TestStatusListingNamesDroppedFiles: an original file that went without
+// a removal of its own (another object moved over it, then removed with
+// its directory, which had been moved away) is listed by status as
+// removed, as the diff forms list it; the change set alone does not name
+// it.
+func TestStatusListingNamesDroppedFiles(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ops  func(s *diffSandbox)
+		want string
+	}{
+		{"an original file moved over it", func(s *diffSandbox) {
+			s.rename("g", "n")
+			s.rename("q", "n/f")
+			s.remove("n/keep")
+			s.remove("n/f")
+			s.remove("n")
+		}, "D g, D g/f, D g/keep, D q"},
+		{"a new file moved over it, a new directory in its place", func(s *diffSandbox) {
+			s.rename("g", "n")
+			s.create("x", "new\n")
+			s.rename("x", "n/f")
+			s.remove("n/keep")
+			s.remove("n/f")
+			s.remove("n")
+			s.mkdir("g")
+		}, "D g, A g, D g/f, D g/keep"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newDiffSandbox(t, map[string]string{"g/f": "f\n", "g/keep": "k\n", "q": "q\n"})
+			tc.ops(s)
+			cs := s.changes()
+			list := func(changes []layers.Change) string {
+				var out []string
+				for _, c := range changes {
+					out = append(out, statusLetter(c, c.Type)+" "+c.Path)
+				}
+				return strings.Join(out, ", ")
+			}
+			assert.NotContains(t, strings.Split(list(cs.Listing()), ", "), "D g/f", "the change set alone does not name it")
+			got, err := StatusListing(s.cfg, cs)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, list(got))
+		})
+	}
+}
+
 // TestDiffListsWhatARenamedDirectoryMoves: the listing forms read with
 // the original name every file a renamed directory moves (files beneath
 // a renamed subdirectory with its own rename, FIFOs too) and every

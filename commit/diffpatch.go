@@ -90,6 +90,9 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 	switch {
 	case d.old.typ() != unix.S_IFDIR:
 	case d.new.typ() == unix.S_IFDIR && c.Kind == layers.Renamed:
+		if r.opts.dropsOnly {
+			return nil
+		}
 		return r.movedWith(d, d.oldPath, c.Path)
 	case d.new.typ() != unix.S_IFDIR:
 		// An original directory removed (or replaced by another type):
@@ -229,4 +232,62 @@ func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, typ os.F
 func comparesWith(r *diffReader, c layers.Change, o string) bool {
 	old, ok := r.oldPathOf(c)
 	return ok && old == o
+}
+
+// leaveToListing makes addGone leave the removals of listing to it.
+func (r *diffReader) leaveToListing(listing []layers.Change) {
+	r.listedRemovals = map[string]bool{}
+	for _, c := range listing {
+		if c.Kind == layers.Deleted {
+			r.listedRemovals[c.Path] = true
+		}
+	}
+}
+
+// StatusListing is the change set as sbxfs status lists it: Listing, and
+// a removal of each original file or symlink beneath a directory the
+// sandbox removed or replaced (or replaced by another type) that no entry
+// names: a file that went without a removal of its own (another object
+// moved over it, then removed with a directory that had been moved
+// away). It reads the original's object at the paths of the entries
+// that may have replaced a directory, and the listings of those that
+// did; not those beneath a renamed directory, which is one entry here
+// (the diff forms name what it moves).
+func StatusListing(cfg layers.Config, cs layers.ChangeSet) ([]layers.Change, error) {
+	listing := cs.Listing()
+	r, err := openDiffReader(cfg, cs, pairOpts{listing: true, noContent: true, dropsOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	r.leaveToListing(listing)
+	out := slices.Clone(listing)
+	var walked []string // the directories read beneath so far
+	for _, c := range listing {
+		if c.Type != "dir" && c.Kind != layers.Modified || c.Kind == layers.Renamed {
+			// Replaced no directory: a new file or link where the
+			// original has one is a change of type (Modified), and what
+			// a rename or a new object took the place of moved away.
+			continue
+		}
+		if slices.ContainsFunc(walked, func(w string) bool { return w == "" || strings.HasPrefix(c.Path, w+"/") }) {
+			continue // read with a directory above it (rm -r lists each)
+		}
+		d, err := r.pair(c, false)
+		if err != nil {
+			return nil, err
+		}
+		for _, g := range d.gone {
+			out = append(out, layers.Change{Path: g.c.Path, Kind: layers.Deleted, Type: layers.TypeName(g.old.mode), Original: g.c.Path})
+		}
+		if d.old.typ() == unix.S_IFDIR || d.replaced != nil && d.replaced.typ() == unix.S_IFDIR {
+			walked = append(walked, c.Path)
+		}
+	}
+	if len(out) > len(listing) {
+		slices.SortStableFunc(out, func(a, b layers.Change) int {
+			return compareListed(listedKey{a.Path, a.Kind == layers.Deleted}, listedKey{b.Path, b.Kind == layers.Deleted})
+		})
+	}
+	return out, nil
 }

@@ -75,6 +75,9 @@ type pairOpts struct {
 	// noContent reads types, modes, sizes and symlink targets only;
 	// head reads only as much content as tells a binary file.
 	noContent, head bool
+	// dropsOnly leaves out the files a renamed directory moves, and what
+	// it drops (StatusListing).
+	dropsOnly bool
 }
 
 // diffReader reads the two layers of a sandbox, never following a

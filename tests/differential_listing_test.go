@@ -82,14 +82,16 @@ func (r *diffRun) checkListing() {
 	}
 }
 
-// checkDiffCoverage holds `sbxfs diff --json` to the two trees
-// themselves: every path where the mount shows something other than the
-// original (an object only one of them has, or another type, permission
-// bits, owner, content, symlink target, device number or user.*
-// attribute) must be named by an entry, as its path, its rename source or
-// its old path. A file a renamed directory moves needs an entry of its
-// own (git names each); a directory beneath a renamed one is shown by the
-// rename. The differential tests run it with checkListing.
+// checkDiffCoverage holds `sbxfs diff --json` and `sbxfs status --json`
+// to the two trees themselves: every path where the mount shows
+// something other than the original (an object only one of them has, or
+// another type, permission bits, owner, content, symlink target, device
+// number or user.* attribute) must be named by an entry, as its path,
+// its rename source or its old path. In the diff a file a renamed
+// directory moves needs an entry of its own (git names each), in status
+// the rename names everything beneath it; in both a directory beneath a
+// renamed one is shown by the rename. The differential tests run it with
+// checkListing.
 func (r *diffRun) checkDiffCoverage() {
 	r.t.Helper()
 	out := r.cliOutput("diff", "--json", r.sb.mnt)
@@ -99,29 +101,29 @@ func (r *diffRun) checkDiffCoverage() {
 	if err := json.Unmarshal(out, &d); err != nil {
 		r.fail("", "sbxfs diff --json: %v\n%s", err, out)
 	}
-	named := map[string]bool{}
-	var renamedDirs []string // both ends
+	diff := coverage{named: map[string]bool{}}
 	for _, f := range d.Changes {
-		p := b64Or(f.Path, f.PathB64, r.t)
-		named[p] = true
-		if f.From != "" || f.FromB64 != "" {
-			from := b64Or(f.From, f.FromB64, r.t)
-			named[from] = true
-			if f.Type == "dir" {
-				renamedDirs = append(renamedDirs, from, p)
-			}
-		}
+		diff.add(b64Or(f.Path, f.PathB64, r.t), b64Or(f.From, f.FromB64, r.t), f.Type)
 		if f.OldPath != "" || f.OldPathB64 != "" {
-			named[b64Or(f.OldPath, f.OldPathB64, r.t)] = true
+			diff.named[b64Or(f.OldPath, f.OldPathB64, r.t)] = true
 		}
 	}
-	beneathRenamedDir := func(p string) bool {
-		for _, q := range renamedDirs {
-			if q == "" || strings.HasPrefix(p, q+"/") {
-				return true
-			}
-		}
-		return false
+	out = r.cliOutput("status", "--json", r.sb.mnt)
+	var st struct {
+		Changes []struct {
+			Path    string `json:"path"`
+			PathB64 string `json:"path_b64"`
+			From    string `json:"from"`
+			FromB64 string `json:"from_b64"`
+			Type    string `json:"type"`
+		} `json:"changes"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		r.fail("", "sbxfs status --json: %v\n%s", err, out)
+	}
+	status := coverage{named: map[string]bool{}, filesBeneathRenames: true}
+	for _, c := range st.Changes {
+		status.add(b64Or(c.Path, c.PathB64, r.t), b64Or(c.From, c.FromB64, r.t), c.Type)
 	}
 	opts := walkOpts{xattr: userXattrs, owner: true}
 	orig, err := walkTree(r.sb.orig, opts)
@@ -132,15 +134,53 @@ func (r *diffRun) checkDiffCoverage() {
 	if err != nil {
 		r.fail("", "walk the mount: %v", err)
 	}
+	for _, c := range []struct {
+		what string
+		cov  coverage
+	}{{"sbxfs diff --json", diff}, {"sbxfs status --json", status}} {
+		if bad := c.cov.missing(orig, mnt); len(bad) > 0 {
+			r.fail("", "%s names no change at paths where the mount differs from the original:\n  %s", c.what, strings.Join(bad[:min(len(bad), 20)], "\n  "))
+		}
+	}
+}
+
+// coverage is what a listing names: paths, and the two ends of each
+// directory rename.
+type coverage struct {
+	named               map[string]bool
+	renamedDirs         []string
+	filesBeneathRenames bool // a rename names what is beneath it
+}
+
+func (c *coverage) add(p, from, typ string) {
+	c.named[p] = true
+	if from != "" {
+		c.named[from] = true
+		if typ == "dir" {
+			c.renamedDirs = append(c.renamedDirs, from, p)
+		}
+	}
+}
+
+// missing lists the paths where the trees differ that c does not name.
+func (c *coverage) missing(orig, mnt map[string]nodeInfo) []string {
+	beneathRenamedDir := func(p string) bool {
+		for _, q := range c.renamedDirs {
+			if q == "" || strings.HasPrefix(p, q+"/") {
+				return true
+			}
+		}
+		return false
+	}
 	var bad []string
 	check := func(p string) {
 		o, inOrig := orig[p]
 		m, inMnt := mnt[p]
-		if inOrig && inMnt && sameObject(o, m) || named[p] {
+		if inOrig && inMnt && sameObject(o, m) || c.named[p] {
 			return
 		}
 		dirOrNone := func(n nodeInfo, in bool) bool { return !in || n.Type == unix.S_IFDIR }
-		if dirOrNone(o, inOrig) && dirOrNone(m, inMnt) && beneathRenamedDir(p) {
+		if (c.filesBeneathRenames || dirOrNone(o, inOrig) && dirOrNone(m, inMnt)) && beneathRenamedDir(p) {
 			return
 		}
 		bad = append(bad, fmt.Sprintf("%q: original %s, mount %s", p, describe(o, inOrig), describe(m, inMnt)))
@@ -153,10 +193,8 @@ func (r *diffRun) checkDiffCoverage() {
 			check(p)
 		}
 	}
-	if len(bad) > 0 {
-		slices.Sort(bad)
-		r.fail("", "sbxfs diff --json names no change at paths where the mount differs from the original:\n  %s", strings.Join(bad[:min(len(bad), 20)], "\n  "))
-	}
+	slices.Sort(bad)
+	return bad
 }
 
 // sameObject reports whether two objects look the same to a user: type,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -81,7 +82,10 @@ func runStatus(c *cli.Context) error {
 	if sb.mount != nil {
 		st.Mounted, st.Mountpoint = true, sb.mount.Mountpoint
 	}
-	listing := cs.Listing()
+	listing, err := commit.StatusListing(sb.cfg, cs)
+	if err != nil {
+		return fmt.Errorf("status of %s: %w", work, err)
+	}
 	for _, ch := range listing {
 		st.Changes = append(st.Changes, toChangeJSON(ch))
 	}
