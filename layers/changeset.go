@@ -411,8 +411,14 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			c.Original = lo.origin.Path
 			if cp != p {
 				// The removed object was moved here: what the original
-				// had in p's place, if anything, is gone too.
+				// had in p's place, if anything, is gone too. (Where
+				// the directory p is in is gone as well, its place is
+				// found through that directory's lineage.)
 				in, ok, err := l.lowerInPlace(t.dirs, p)
+				if err == nil && !ok {
+					dir, name := Split(p)
+					in, ok, err = l.resolveLower(Join(t.counterpart(dir), name))
+				}
 				if err != nil {
 					return c, false, err
 				}

@@ -308,6 +308,24 @@ func TestChangeSetRemovalOfAFileMovedOverAnother(t *testing.T) {
 		{Path: "e", Kind: Renamed, From: "d", Type: "dir"},
 		{Path: "y", Kind: Deleted, Type: "file", Original: "y"},
 	}, cs.Listing(), "both original files are listed as removed, once each")
+
+	// The directory removed too: the place is found through its lineage.
+	require.NoError(t, s.Unlink("e", s.dir("e"), "keep", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "e", s.c))
+	cs, err = s.Changes()
+	require.NoError(t, err)
+	var got []Change
+	for _, c := range cs.Changes {
+		if c.Path == "e/x" {
+			got = append(got, c)
+		}
+	}
+	assert.Equal(t, []Change{{Path: "e/x", Kind: Deleted, Type: "file", Original: "y", Replaced: "d/x"}}, got)
+	var listed []string
+	for _, c := range cs.Listing() {
+		listed = append(listed, string(c.Kind)+" "+c.Path)
+	}
+	assert.Equal(t, []string{"deleted d", "deleted d/keep", "deleted d/x", "deleted y"}, listed)
 }
 
 func TestChangeSetNestedRenames(t *testing.T) {
