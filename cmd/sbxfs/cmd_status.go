@@ -30,7 +30,11 @@ func statusCommand() *cli.Command {
   M path          modified        R from -> path renamed
   m path          metadata only   L from -> path new hard link to from
 then a summary line. A removal names the original path of what was
-removed (mv d e; rm -r e lists D d and D d/f). Paths with control
+removed (mv d e; rm -r e lists D d and D d/f; mv y x; rm x lists D x and
+D y), also of a file that went with a removed directory without a
+removal of its own (the original's listings of removed or replaced
+directories are read for it). A renamed directory is one entry ('sbxfs
+diff --name-status' names each file it moves). Paths with control
 characters or invalid UTF-8 are quoted as Go strings. The sandbox is
 named by its mountpoint, its sandbox directory DIR (with DIR/work) or its
 work directory. --json prints the
