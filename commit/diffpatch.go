@@ -280,8 +280,8 @@ func StatusListing(cfg layers.Config, cs layers.ChangeSet) ([]layers.Change, err
 		for _, g := range d.gone {
 			out = append(out, layers.Change{Path: g.c.Path, Kind: layers.Deleted, Type: layers.TypeName(g.old.mode), Original: g.c.Path})
 		}
-		if d.old.typ() == unix.S_IFDIR || d.replaced != nil && d.replaced.typ() == unix.S_IFDIR {
-			walked = append(walked, c.Path)
+		if d.old.typ() == unix.S_IFDIR && d.new.typ() != unix.S_IFDIR || d.replaced != nil && d.replaced.typ() == unix.S_IFDIR {
+			walked = append(walked, c.Path) // removed or replaced: read beneath
 		}
 	}
 	if len(out) > len(listing) {
