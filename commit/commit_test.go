@@ -130,7 +130,8 @@ func (s *sandbox) rename(a, b string) {
 	db, nb := split(b)
 	o := s.lookup(a)
 	require.NoError(s.t, s.l.Rename(da, s.lookup(da), na, &o, db, s.lookup(db), nb, 0, s.c))
-	require.NoError(s.t, os.Rename(filepath.Join(s.ref, a), filepath.Join(s.ref, b)))
+	// (rename(2) itself: os.Rename refuses to replace a directory.)
+	require.NoError(s.t, unix.Rename(filepath.Join(s.ref, a), filepath.Join(s.ref, b)))
 }
 
 func (s *sandbox) symlink(target, p string) {
@@ -424,6 +425,93 @@ func TestConflictWhenTheDirectoryOfAChangeMoved(t *testing.T) {
 			assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
 		})
 	}
+}
+
+// TestDirectoryWhoseEntriesChangedInTheOriginal: the sandbox moves a
+// directory or changes its mode, and the original meanwhile gets a new
+// file in it or loses one. That is no conflict: each entry the sandbox
+// changed is checked on its own, and the commit replays the sandbox's
+// change on the directory, whose other entries go with it (it once
+// refused, on the directory's mtime). A change of the directory's own
+// mode, owner or attributes in the original stays a conflict, and so
+// does a directory a rename replaces, whose entries the commit would
+// drop.
+func TestDirectoryWhoseEntriesChangedInTheOriginal(t *testing.T) {
+	files := map[string]string{"d/a": "a", "d/b": "b", "t/": ""}
+	for _, tc := range []struct {
+		name    string
+		sandbox func(s *sandbox)
+		other   func(t *testing.T, d string)
+		want    []Conflict        // nil: the commit succeeds
+		after   map[string]string // the original after a commit: path -> content, "" for a directory
+		mode    os.FileMode       // of the directory after a commit
+	}{
+		{name: "moved, a file added",
+			sandbox: func(s *sandbox) { s.rename("d", "e") },
+			other:   func(t *testing.T, d string) { writeFile(t, filepath.Join(d, "new"), "other writer") },
+			after:   map[string]string{"e/a": "a", "e/b": "b", "e/new": "other writer"}, mode: 0o755},
+		{name: "moved, a file removed",
+			sandbox: func(s *sandbox) { s.rename("d", "e"); s.write("e/a", "sandbox") },
+			other:   func(t *testing.T, d string) { require.NoError(t, os.Remove(filepath.Join(d, "b"))) },
+			after:   map[string]string{"e/a": "sandbox"}, mode: 0o755},
+		{name: "chmod, a file added",
+			sandbox: func(s *sandbox) { s.chmod("d", 0o700) },
+			other:   func(t *testing.T, d string) { writeFile(t, filepath.Join(d, "new"), "other writer") },
+			after:   map[string]string{"d/a": "a", "d/b": "b", "d/new": "other writer"}, mode: 0o700},
+		{name: "moved, its mode changed",
+			sandbox: func(s *sandbox) { s.rename("d", "e") },
+			other:   func(t *testing.T, d string) { require.NoError(t, os.Chmod(d, 0o700)) },
+			want:    []Conflict{{Path: "e", Reason: "mode changed in the original"}}},
+		{name: "chmod, an attribute set too",
+			sandbox: func(s *sandbox) { s.chmod("d", 0o700) },
+			other: func(t *testing.T, d string) {
+				writeFile(t, filepath.Join(d, "new"), "other writer")
+				require.NoError(t, unix.Setxattr(d, "user.other", []byte("x"), 0))
+			},
+			want: []Conflict{{Path: "d", Reason: "changed in the original, and its owner or attributes differ from the sandbox's"}}},
+		{name: "a rename replaces it",
+			sandbox: func(s *sandbox) { s.rename("d", "t") },
+			other:   func(t *testing.T, d string) { writeFile(t, filepath.Join(filepath.Dir(d), "t", "new"), "other writer") },
+			want:    []Conflict{{Path: "t", Reason: "content changed in the original"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, files)
+			tc.sandbox(s)
+			s.done()
+			tc.other(t, filepath.Join(s.orig, "d"))
+			before := snapshot(t, s.orig)
+			err := commitAll(t, s.cfg, Options{})
+			if tc.want != nil {
+				var ce *Error
+				require.ErrorAs(t, err, &ce)
+				assert.Equal(t, tc.want, ce.Conflicts)
+				assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+				return
+			}
+			require.NoError(t, err)
+			got := map[string]string{}
+			var dir string
+			for p := range tc.after {
+				dir, _ = split(p)
+			}
+			ents, err := os.ReadDir(filepath.Join(s.orig, dir))
+			require.NoError(t, err)
+			for _, e := range ents {
+				b, err := os.ReadFile(filepath.Join(s.orig, dir, e.Name()))
+				require.NoError(t, err)
+				got[dir+"/"+e.Name()] = string(b)
+			}
+			assert.Equal(t, tc.after, got)
+			st, err := os.Stat(filepath.Join(s.orig, dir))
+			require.NoError(t, err)
+			assert.Equal(t, tc.mode, st.Mode().Perm())
+		})
+	}
+}
+
+func writeFile(t *testing.T, p, data string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(p, []byte(data), 0o644))
 }
 
 func TestUndoRestoresAndRetryWorks(t *testing.T) {

@@ -1,10 +1,12 @@
 package commit
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
 	"path"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -73,7 +75,7 @@ type Conflict struct {
 
 // conflicts compares each changed path's original with what the sandbox
 // saw when it first changed it.
-func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signature) []Conflict {
+func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]layers.Signature) []Conflict {
 	r := newRenames(cs)
 	newDirs := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -101,7 +103,19 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 			out = append(out, Conflict{Path: c.Path, Reason: "removed from the original"})
 		case !there:
 			// What the rename replaced is gone from the original too.
-		case layers.SignatureOf(&st) != base:
+		case layers.SignatureOf(&st) == base:
+		case !target && entriesOnly(c, base, &st):
+			// A directory the sandbox moves or changes the attributes
+			// of, whose entries the original changed: each entry the
+			// sandbox changed is checked on its own, and the others go
+			// with the directory, as the mount shows them. Its owner
+			// and attributes must be the sandbox's, as the commit sets
+			// them: the original changed none, or changed them as the
+			// sandbox did.
+			if !sameAttrs(orig, p, filepath.Join(upper, c.Path)) {
+				out = append(out, Conflict{Path: c.Path, Reason: "changed in the original, and its owner or attributes differ from the sandbox's"})
+			}
+		default:
 			out = append(out, Conflict{Path: c.Path, Reason: describe(base, &st)})
 		}
 	}
@@ -150,6 +164,34 @@ func conflicts(orig *tree, cs layers.ChangeSet, bases map[string]layers.Signatur
 		}
 	}
 	return append(out, unaccounted(orig, cs, r, bases)...)
+}
+
+// entriesOnly reports whether the change c is of a directory the
+// sandbox keeps (moved, or its metadata changed) and the original changed
+// no more of it than its entries and times could show: the same
+// directory, with the same mode.
+func entriesOnly(c layers.Change, base layers.Signature, st *unix.Stat_t) bool {
+	return c.Type == "dir" && (c.Kind == layers.Renamed || c.Kind == layers.Metadata) &&
+		base.Mode&unix.S_IFMT == unix.S_IFDIR && sameObject(base, st) && base.Mode == st.Mode
+}
+
+// sameAttrs reports whether the original object rel has the owner and
+// extended attributes of the sandbox's object at upper.
+func sameAttrs(orig *tree, rel, upper string) bool {
+	o, err := orig.metaAt(rel)
+	if err != nil {
+		return false
+	}
+	fd, err := unix.Open(upper, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	u, err := metaOf(fd)
+	if err != nil {
+		return false
+	}
+	return o.Uid == u.Uid && o.Gid == u.Gid && maps.EqualFunc(o.Xattrs, u.Xattrs, bytes.Equal)
 }
 
 // unaccounted checks the original directories a commit takes away whole

@@ -191,7 +191,7 @@ func TestConflictsListEntriesADirectoryReplacementWouldDrop(t *testing.T) {
 		{Path: "d/sub", Kind: layers.Created, Type: "dir"},
 		{Path: "d/sub/n000", Kind: layers.Created, Type: "file"},
 	}}
-	got := conflicts(orig, torn, bases(s.cfg, recs))
+	got := conflicts(orig, s.cfg.Upper, torn, bases(s.cfg, recs))
 	assert.ElementsMatch(t, []Conflict{
 		{Path: "d/sub/g001", Reason: unaccountedReason},
 		{Path: "d/sub/g002", Reason: unaccountedReason},
