@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -505,6 +507,64 @@ func TestDirectoryWhoseEntriesChangedInTheOriginal(t *testing.T) {
 			st, err := os.Stat(filepath.Join(s.orig, dir))
 			require.NoError(t, err)
 			assert.Equal(t, tc.mode, st.Mode().Perm())
+		})
+	}
+}
+
+// TestRemovedFromTheOriginalToo: what the sandbox removed, the original
+// removed too (or moved away, which keeps it): no conflict, the commit has
+// nothing to remove there and applies the rest. Something else in its
+// place is still a conflict.
+func TestRemovedFromTheOriginalToo(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sandbox func(s *sandbox)
+		other   func(t *testing.T, orig string)
+		want    []Conflict // nil: the commit succeeds
+		after   []string   // the original's paths after the commit
+	}{
+		{name: "a file",
+			sandbox: func(s *sandbox) { s.remove("d/a"); s.write("d/n", "n") },
+			other:   func(t *testing.T, orig string) { require.NoError(t, os.Remove(filepath.Join(orig, "d/a"))) },
+			after:   []string{"d", "d/b", "d/n", "s", "s/f"}},
+		{name: "a directory and its files",
+			sandbox: func(s *sandbox) { s.remove("s/f"); s.remove("s"); s.remove("d/a") },
+			other:   func(t *testing.T, orig string) { require.NoError(t, os.RemoveAll(filepath.Join(orig, "s"))) },
+			after:   []string{"d", "d/b"}},
+		{name: "the file's directory",
+			sandbox: func(s *sandbox) { s.remove("s/f") },
+			other:   func(t *testing.T, orig string) { require.NoError(t, os.RemoveAll(filepath.Join(orig, "s"))) },
+			after:   []string{"d", "d/a", "d/b"}},
+		{name: "moved away in the original",
+			sandbox: func(s *sandbox) { s.remove("s/f"); s.remove("s") },
+			other: func(t *testing.T, orig string) {
+				require.NoError(t, os.Rename(filepath.Join(orig, "s"), filepath.Join(orig, "kept")))
+			},
+			after: []string{"d", "d/a", "d/b", "kept", "kept/f"}},
+		{name: "something else in its place",
+			sandbox: func(s *sandbox) { s.remove("d/a") },
+			other: func(t *testing.T, orig string) {
+				require.NoError(t, os.Remove(filepath.Join(orig, "d/a")))
+				require.NoError(t, os.Mkdir(filepath.Join(orig, "d/a"), 0o755))
+			},
+			want: []Conflict{{Path: "d/a", Reason: "replaced in the original"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"d/a": "a", "d/b": "b", "s/f": "f"})
+			tc.sandbox(s)
+			s.done()
+			tc.other(t, s.orig)
+			before := snapshot(t, s.orig)
+			err := commitAll(t, s.cfg, Options{})
+			if tc.want != nil {
+				var ce *Error
+				require.ErrorAs(t, err, &ce)
+				assert.Equal(t, tc.want, ce.Conflicts)
+				assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+				return
+			}
+			require.NoError(t, err)
+			assert.ElementsMatch(t, tc.after, slices.Collect(maps.Keys(snapshot(t, s.orig))))
 		})
 	}
 }

@@ -99,6 +99,9 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 			// unaccounted when it is deleted).
 			out = append(out, Conflict{Path: c.Path, Reason: "created in the original too"})
 		case !seen:
+		case !there && c.Kind == layers.Deleted && !target && orig.firstSymlink(p) == "":
+			// Removed from the original too (or moved away, which keeps
+			// it): the commit has nothing to remove.
 		case !there && !target:
 			out = append(out, Conflict{Path: c.Path, Reason: "removed from the original"})
 		case !there:
@@ -144,6 +147,9 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 	// or, replaced, put them into another directory).
 	parents := map[string]bool{}
 	for _, c := range cs.Changes {
+		if c.Kind == layers.Deleted {
+			continue // a removal puts nothing into its directory
+		}
 		dir, _ := layers.Split(c.Path)
 		q := r.original(dir)
 		if dir == "" || parents[q] || keyed[q] || newDirs[dir] || inNewDir(newDirs, dir) {
