@@ -73,9 +73,29 @@ type Conflict struct {
 	Reason string `json:"reason"`
 }
 
+// conflict is a Conflict with the original path whose state Resolve
+// records as the base, "" where recording it cannot make the commit work
+// (the original's object is needed and gone, or a symlink is on the way).
+type conflict struct {
+	Conflict
+	key string
+}
+
 // conflicts compares each changed path's original with what the sandbox
 // saw when it first changed it.
 func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]layers.Signature) []Conflict {
+	var out []Conflict
+	for _, c := range findConflicts(orig, upper, cs, bases) {
+		out = append(out, c.Conflict)
+	}
+	return out
+}
+
+// resolvedGone is the base Resolve records where the original has nothing:
+// its absence is what the sandbox's change replaces.
+var resolvedGone = layers.Signature{}
+
+func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]layers.Signature) []conflict {
 	r := newRenames(cs)
 	newDirs := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -83,13 +103,14 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 			newDirs[c.Path] = true
 		}
 	}
-	var out []Conflict
+	var out []conflict
+	add := func(p, reason, key string) { out = append(out, conflict{Conflict{Path: p, Reason: reason}, key}) }
 	check := func(c layers.Change, p string, target bool) {
 		base, seen := bases[p]
 		there, st, err := orig.inTree(p)
 		switch {
 		case err != nil:
-			out = append(out, Conflict{Path: c.Path, Reason: err.Error()})
+			add(c.Path, err.Error(), "")
 		case !seen && there && p != "" && c.Kind != layers.Deleted && !inNewDir(newDirs, c.Path):
 			// The sandbox never saw an original object there (it would
 			// have recorded its signature before changing it): the
@@ -97,13 +118,20 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 			// made in place of the original's, the original's objects
 			// go with their directory (moved away, or checked by
 			// unaccounted when it is deleted).
-			out = append(out, Conflict{Path: c.Path, Reason: "created in the original too"})
+			add(c.Path, "created in the original too", p)
 		case !seen:
 		case !there && c.Kind == layers.Deleted && !target && orig.firstSymlink(p) == "":
 			// Removed from the original too (or moved away, which keeps
 			// it): the commit has nothing to remove.
+		case !there && base == resolvedGone:
 		case !there && !target:
-			out = append(out, Conflict{Path: c.Path, Reason: "removed from the original"})
+			// Resolvable where the commit does not need the original's
+			// object: it moves a directory, or changes metadata.
+			key := p
+			if c.Kind == layers.Metadata || (c.Kind == layers.Renamed && c.Type == "dir") || orig.firstSymlink(p) != "" {
+				key = ""
+			}
+			add(c.Path, "removed from the original", key)
 		case !there:
 			// What the rename replaced is gone from the original too.
 		case layers.SignatureOf(&st) == base:
@@ -116,10 +144,10 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 			// them: the original changed none, or changed them as the
 			// sandbox did.
 			if !sameAttrs(orig, p, filepath.Join(upper, c.Path)) {
-				out = append(out, Conflict{Path: c.Path, Reason: "changed in the original, and its owner or attributes differ from the sandbox's"})
+				add(c.Path, "changed in the original, and its owner or attributes differ from the sandbox's", p)
 			}
 		default:
-			out = append(out, Conflict{Path: c.Path, Reason: describe(base, &st)})
+			add(c.Path, describe(base, &st), p)
 		}
 	}
 	keyed := map[string]bool{}
@@ -162,11 +190,11 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 		}
 		switch there, st, err := orig.inTree(q); {
 		case err != nil:
-			out = append(out, Conflict{Path: dir, Reason: err.Error()})
+			add(dir, err.Error(), "")
 		case !there:
-			out = append(out, Conflict{Path: dir, Reason: "removed from the original"})
+			add(dir, "removed from the original", "")
 		case !sameObject(base, &st):
-			out = append(out, Conflict{Path: dir, Reason: "replaced in the original"})
+			add(dir, "replaced in the original", q)
 		}
 	}
 	return append(out, unaccounted(orig, cs, r, bases)...)
@@ -208,7 +236,7 @@ func sameAttrs(orig *tree, rel, upper string) bool {
 // journal: whatever it became, the change set has it). An entry that is
 // neither was made in the original after the sandbox emptied the
 // directory, or the original changed while the change set was read.
-func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]layers.Signature) []Conflict {
+func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]layers.Signature) []conflict {
 	changed := map[string]bool{} // original paths the change set changes
 	for _, c := range cs.Changes {
 		changed[conflictKey(r, c)] = true
@@ -220,7 +248,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 	for p := range bases {
 		keys[p] = true
 	}
-	var out []Conflict
+	var out []conflict
 	for _, c := range cs.Changes {
 		if c.Type != "dir" || (c.Kind != layers.Deleted && c.Kind != layers.Created) {
 			continue
@@ -236,7 +264,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 			// means the original is changing under the commit (one the
 			// sandbox only saw, a directory then, too).
 			if q := orig.firstSymlink(p); q == "" || !changed[q] {
-				out = append(out, Conflict{Path: c.Path, Reason: "the original changed while the commit read it (a symlink on the way)"})
+				out = append(out, conflict{Conflict{Path: c.Path, Reason: "the original changed while the commit read it (a symlink on the way)"}, ""})
 			}
 			continue
 		}
@@ -245,7 +273,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 		}
 		for _, n := range names {
 			if !keys[path.Join(p, n)] {
-				out = append(out, Conflict{Path: path.Join(c.Path, n), Reason: unaccountedReason})
+				out = append(out, conflict{Conflict{Path: path.Join(c.Path, n), Reason: unaccountedReason}, path.Join(p, n)})
 			}
 		}
 	}

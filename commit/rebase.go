@@ -8,13 +8,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
-// rebaseName holds, per original path, the signature an undo left behind.
-// Moving an object away and back changes its ctime; without this a
-// sandbox whose commit was undone would conflict with itself on retry.
+// rebaseName holds, per original path, the signature an undo left behind
+// (moving an object away and back changes its ctime; without this a
+// sandbox whose commit was undone would conflict with itself on retry),
+// or the one Resolve recorded for a conflict settled in the sandbox's
+// favour.
 const rebaseName = "rebase.json"
 
 // bases returns the signatures to check conflicts against: the journal's
@@ -37,11 +38,8 @@ func bases(cfg layers.Config, recs []layers.Record) map[string]layers.Signature 
 // rebase records the signatures of the original paths of changes after an
 // undo put them back.
 func (x *Txn) rebase() error {
-	data, err := os.ReadFile(filepath.Join(x.work, rebaseName))
-	over := map[string]layers.Signature{}
-	if err == nil {
-		_ = json.Unmarshal(data, &over)
-	} else if !errors.Is(err, os.ErrNotExist) {
+	over, err := readRebase(x.work)
+	if err != nil {
 		return err
 	}
 	recs, err := layers.ReadJournal(journalPath(x.cfg))
@@ -67,11 +65,11 @@ func (x *Txn) rebase() error {
 	for _, c := range cs.Changes {
 		p := conflictKey(r, c)
 		base, ok := seen[p]
-		if !ok {
-			continue
+		if b, resolved := over[p]; resolved {
+			base, ok = b, true // also a path Resolve recorded
 		}
-		if b, ok := over[p]; ok {
-			base = b
+		if !ok || base == resolvedGone {
+			continue
 		}
 		if sig, ok := restored[p]; ok {
 			over[p] = sig
@@ -79,11 +77,7 @@ func (x *Txn) rebase() error {
 			over[p] = layers.SignatureOf(&st)
 		}
 	}
-	b, err := json.Marshal(over)
-	if err != nil {
-		return err
-	}
-	return fsutil.WriteFileAtomic(filepath.Join(x.work, rebaseName), b, 0o600)
+	return writeRebase(x.work, over)
 }
 
 // ForgetBases drops the signatures an undo recorded: after a successful

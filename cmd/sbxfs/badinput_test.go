@@ -89,6 +89,12 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"commit of an unknown id", []string{"commit", unknownID}, exitNotSbxfs, "no sandbox " + unknownID},
 		{"commit of an empty path", []string{"commit", ""}, exitUsage, "is empty"},
 		{"commit with an option after the path", []string{"commit", plain, "--force"}, exitUsage, "put options before"},
+		// resolve
+		{"resolve without arguments", []string{"resolve"}, exitUsage, "MOUNTPOINT|DIR [PATH...]"},
+		{"resolve of a missing path", []string{"resolve", missing, "a"}, exitBadPath, "does not exist"},
+		{"resolve of a plain directory", []string{"resolve", plain}, exitNotSbxfs, "not an sbxfs mount or sandbox"},
+		{"resolve with an option after the path", []string{"resolve", plain, "a", "--json"}, exitUsage, "put options before"},
+		{"resolve of an empty path", []string{"resolve", plain, ""}, exitUsage, "option or empty"},
 		// rollback
 		{"rollback without arguments", []string{"rollback"}, exitUsage, "MOUNTPOINT|DIR"},
 		{"rollback with a bad --wait", []string{"rollback", "--keep", "--wait", "-", plain}, exitUsage, "wait"},

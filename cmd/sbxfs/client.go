@@ -103,7 +103,7 @@ func daemonFailure(err error, root string, other int) error {
 	case manager.CodeBusy:
 		return failf(exitBusy, "%w; close the files or processes using the sandbox, or retry", err)
 	case manager.CodeConflict:
-		return failf(exitConflict, "%w\nno original was changed; resolve the conflicts or use --force", err)
+		return failf(exitConflict, "%w\nno original was changed; %s", err, conflictHint)
 	case manager.CodeIllegalMove:
 		return failf(exitState, "%w; see 'sbxfs list' for its state", err)
 	case manager.CodeInvalid:

@@ -133,12 +133,15 @@ func finishCommit(c *cli.Context, sb *sandbox, ctl *manager.Control, rec *commit
 	return fsutil.WriteFileAtomic(filepath.Join(sb.work, commitRecordName), b, 0o600)
 }
 
+// conflictHint says what to do about conflicts.
+const conflictHint = "keep the sandbox's version of a path with 'sbxfs resolve MOUNTPOINT PATH...' (merge the original's change into the sandbox first to keep it too), or use --force for every path"
+
 // commitFailure gives a commit error its exit code and a hint.
 func commitFailure(err error) error {
 	var ce *commit.Error
 	switch {
 	case errors.Is(err, commit.ErrConflict):
-		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; resolve the conflicts or use --force", err)}
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrBusy):
 		return &exitError{code: exitBusy, err: err}
 	case errors.As(err, &ce) && ce.Kept != "":

@@ -227,7 +227,12 @@ func TestManagedPlanConflict(t *testing.T) {
 	}
 	assertFile(t, filepath.Join(s1.Mountpoint, "a.txt"), "mine 1\n")
 
-	r = e.sbxfs("commit", "--plan", "p", "--force")
+	// Resolved in the sandbox's favour, by its mountpoint (the daemon
+	// commits what resolve recorded); --force is TestManagedNestedParentConflict's.
+	r = e.sbxfs("resolve", s2.Mountpoint, "a.txt")
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o2, "a.txt"), "theirs\n")
+	r = e.sbxfs("commit", "--plan", "p")
 	require.Equal(t, 0, r.code, r.stderr)
 	assertFile(t, filepath.Join(o1, "a.txt"), "mine 1\n")
 	assertFile(t, filepath.Join(o2, "a.txt"), "mine 2\n")

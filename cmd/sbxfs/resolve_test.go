@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/commit"
+)
+
+// TestResolveConflicts drives a conflict to a commit as a user would: the
+// commit refuses and says how to go on, resolve lists the conflicts,
+// refuses a path that is none, and settles the one merged in the mount;
+// the commit then applies everything, the merge included.
+func TestResolveConflicts(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	writeFile(t, filepath.Join(f.mnt, "a.txt"), "hello\nmine\n")
+	writeFile(t, filepath.Join(f.mnt, "b.txt"), "b\n")
+	writeFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\n")
+
+	r = runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitConflict, "a.txt: content changed in the original")
+	assert.Contains(t, r.stderr, "sbxfs resolve MOUNTPOINT PATH", "the message says what to do")
+
+	r = runBin(t, bin, "resolve", "--json", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	var out resolveJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	assert.Empty(t, out.Resolved)
+	assert.Equal(t, []commit.Conflict{{Path: "a.txt", Reason: "content changed in the original"}}, out.Conflicts)
+
+	r = runBin(t, bin, "resolve", f.mnt, "b.txt")
+	assertFailure(t, r, exitBadPath, "b.txt: not a conflict of this sandbox")
+	r = runBin(t, bin, "resolve", f.mnt, "../a.txt")
+	assertFailure(t, r, exitBadPath, "not a path inside the sandbox")
+	r = runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitConflict, "a.txt") // a refused resolve records nothing
+
+	// The merge, made in the mount, then resolved by the path inside it.
+	writeFile(t, filepath.Join(f.mnt, "a.txt"), "theirs\nhello\nmine\n")
+	r = runBin(t, bin, "resolve", f.mnt, filepath.Join(f.mnt, "a.txt"))
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "resolved a.txt (content changed in the original)")
+	assert.Contains(t, r.stdout, "no conflicts")
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\n")
+
+	r = runBin(t, bin, "commit", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\nmine\n")
+	assertFile(t, filepath.Join(f.orig, "b.txt"), "b\n")
+}

@@ -1,0 +1,155 @@
+package commit
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestResolve: a conflict resolved in the sandbox's favour no longer
+// stops the commit, which then replaces what the original has at that
+// path (and only there: the other conflicts stay). A change the original
+// makes after the resolve conflicts again.
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sandbox func(s *sandbox)
+		other   func(t *testing.T, orig string)
+		paths   []string // the conflicts to resolve
+		reasons int      // conflicts with those paths
+		want    map[string]string
+	}{
+		{name: "changed in both",
+			sandbox: func(s *sandbox) { s.write("f", "sandbox") },
+			other:   func(t *testing.T, orig string) { writeFile(t, filepath.Join(orig, "f"), "other writer") },
+			paths:   []string{"f"}, reasons: 1, want: map[string]string{"f": "sandbox", "g": "g"}},
+		{name: "created in both",
+			sandbox: func(s *sandbox) { s.write("new", "sandbox") },
+			other:   func(t *testing.T, orig string) { writeFile(t, filepath.Join(orig, "new"), "other writer") },
+			paths:   []string{"new"}, reasons: 1, want: map[string]string{"f": "f", "g": "g", "new": "sandbox"}},
+		{name: "removed from the original",
+			sandbox: func(s *sandbox) { s.write("f", "sandbox") },
+			other:   func(t *testing.T, orig string) { require.NoError(t, os.Remove(filepath.Join(orig, "f"))) },
+			paths:   []string{"f"}, reasons: 1, want: map[string]string{"f": "sandbox", "g": "g"}},
+		{name: "a rename's source and target",
+			sandbox: func(s *sandbox) { s.rename("g", "f") },
+			other: func(t *testing.T, orig string) {
+				writeFile(t, filepath.Join(orig, "g"), "other g")
+				require.NoError(t, os.Chmod(filepath.Join(orig, "f"), 0o600))
+			},
+			paths: []string{"f"}, reasons: 2, want: map[string]string{"f": "g"}},
+		{name: "made in a directory the sandbox removed", // (the directory's mtime moved too)
+			sandbox: func(s *sandbox) { s.remove("d/a"); s.remove("d") },
+			other:   func(t *testing.T, orig string) { writeFile(t, filepath.Join(orig, "d/x"), "other writer") },
+			paths:   []string{"d", "d/x"}, reasons: 2, want: map[string]string{"f": "f", "g": "g"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"f": "f", "g": "g", "d/a": "a"})
+			if tc.name != "made in a directory the sandbox removed" {
+				s.remove("d/a")
+				s.remove("d")
+			}
+			tc.sandbox(s)
+			s.done()
+			tc.other(t, s.orig)
+			before := snapshot(t, s.orig)
+			cf, err := Conflicts(s.cfg)
+			require.NoError(t, err)
+			n := 0
+			for _, c := range cf {
+				if slices.Contains(tc.paths, c.Path) {
+					n++
+				}
+			}
+			require.Equal(t, tc.reasons, n, "conflicts: %v", cf)
+
+			resolved, left, err := Resolve(s.cfg, tc.paths)
+			require.NoError(t, err)
+			assert.Len(t, resolved, tc.reasons)
+			assert.Empty(t, left)
+			assert.Equal(t, before, snapshot(t, s.orig), "resolving changes no original")
+
+			require.NoError(t, commitAll(t, s.cfg, Options{}))
+			got := map[string]string{}
+			for p := range snapshot(t, s.orig) {
+				b, err := os.ReadFile(filepath.Join(s.orig, p))
+				require.NoError(t, err)
+				got[p] = string(b)
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestResolveThenTheOriginalChangesAgain(t *testing.T) {
+	s := newSandbox(t, map[string]string{"f": "f"})
+	s.write("f", "sandbox")
+	s.done()
+	writeFile(t, filepath.Join(s.orig, "f"), "other writer")
+	_, _, err := Resolve(s.cfg, []string{"f"})
+	require.NoError(t, err)
+	writeFile(t, filepath.Join(s.orig, "f"), "other writer, later and longer")
+	err = commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, []Conflict{{Path: "f", Reason: "content changed in the original"}}, ce.Conflicts)
+}
+
+// TestResolveRefuses: a path that names no conflict, and a conflict that
+// keeping the sandbox's version cannot settle (a directory the sandbox
+// moved, which the original removed: the commit moves the original's),
+// are refused and record nothing.
+func TestResolveRefuses(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/a": "a", "g": "g", "h": "h"})
+	s.rename("d", "e")
+	s.write("g", "sandbox")
+	s.done()
+	require.NoError(t, os.RemoveAll(filepath.Join(s.orig, "d")))
+	writeFile(t, filepath.Join(s.orig, "g"), "other writer")
+	want := []Conflict{{Path: "e", Reason: "removed from the original"}, {Path: "g", Reason: "content changed in the original"}}
+
+	_, _, err := Resolve(s.cfg, []string{"g", "h"})
+	assert.ErrorIs(t, err, ErrNotAConflict)
+	_, _, err = Resolve(s.cfg, []string{"g", "e"})
+	assert.ErrorIs(t, err, ErrUnresolvable)
+	cf, err := Conflicts(s.cfg)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, want, cf, "nothing was recorded")
+
+	_, left, err := Resolve(s.cfg, []string{"g"})
+	require.NoError(t, err)
+	assert.Equal(t, want[:1], left)
+	err = commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, want[:1], ce.Conflicts)
+}
+
+// TestResolveSurvivesAnUndo: a commit of a resolved sandbox that is undone
+// leaves the original as it was, and the retry needs no second resolve.
+func TestResolveSurvivesAnUndo(t *testing.T) {
+	s := newSandbox(t, map[string]string{"f": "f"})
+	s.write("f", "sandbox")
+	s.write("new", "sandbox")
+	s.done()
+	writeFile(t, filepath.Join(s.orig, "f"), "other writer")
+	writeFile(t, filepath.Join(s.orig, "new"), "other writer")
+	_, _, err := Resolve(s.cfg, []string{"f", "new"})
+	require.NoError(t, err)
+	before := snapshot(t, s.orig)
+	x, err := Prepare(s.cfg, Options{})
+	require.NoError(t, err)
+	require.NoError(t, x.Apply())
+	require.NoError(t, x.Undo())
+	assert.Equal(t, before, snapshot(t, s.orig))
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	for _, p := range []string{"f", "new"} {
+		b, err := os.ReadFile(filepath.Join(s.orig, p))
+		require.NoError(t, err)
+		assert.Equal(t, "sandbox", string(b), p)
+	}
+}
