@@ -211,7 +211,19 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		// conflict, and nowhere else: what the other writer did away
 		// from every named path stays. Or it fails as a whole.
 		named := r.conflictPaths(string(out))
-		out, err = runTimeout(60*time.Second, cliBin, "commit", "--force", "-m", "concurrent", r.sb.mnt)
+		how := "commit --force"
+		args := []string{"commit", "--force", "-m", "concurrent", r.sb.mnt}
+		if seed%2 == 0 {
+			// Or every conflict resolved in the sandbox's favour, then
+			// a plain commit: the same outcome as --force, or a
+			// refusal before anything is recorded.
+			how = "resolve, then commit"
+			if !r.resolveAll(left) {
+				return
+			}
+			args = []string{"commit", "-m", "concurrent", r.sb.mnt}
+		}
+		out, err = runTimeout(60*time.Second, cliBin, args...)
 		if exitCode(err) == exitCommitFailedCode &&
 			(strings.Contains(string(out), "the original is unchanged") || strings.Contains(string(out), "commit prepare: ")) {
 			// The other writer moved or removed a directory the
@@ -221,12 +233,12 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 				t.Fatal(err)
 			}
 			if d := diffTrees(left, now, 25); len(d) > 0 {
-				r.fail("", "commit --force failed and changed the original (want = as the other writer left it):\n  %s\n%s", strings.Join(d, "\n  "), out)
+				r.fail("", "%s failed and changed the original (want = as the other writer left it):\n  %s\n%s", how, strings.Join(d, "\n  "), out)
 			}
 			return
 		}
 		if err != nil {
-			r.fail("", "sbxfs commit --force after the conflicts %q: %v\n%s", named, err, out)
+			r.fail("", "sbxfs %s after the conflicts %q: %v\n%s", how, named, err, out)
 		}
 		var kept []otherWrite
 		for _, w := range wrote {
@@ -234,7 +246,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 				kept = append(kept, w)
 			}
 		}
-		r.checkKept(kept, "commit --force")
+		r.checkKept(kept, how)
 		return
 	case 0:
 	default:
@@ -261,6 +273,58 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		slices.Sort(differ)
 		r.fail("", "after the commit these files have neither the sandbox's content nor the other writer's: %q", differ[:min(len(differ), 20)])
 	}
+}
+
+// resolveAll resolves every conflict `sbxfs resolve` lists. It reports
+// whether all were resolved (none left); when one cannot be, resolve must
+// refuse with exit 7, record nothing (the commit still refuses) and leave
+// the original as the other writer left it.
+func (r *diffRun) resolveAll(left map[string]nodeInfo) bool {
+	r.t.Helper()
+	var list struct {
+		Conflicts []struct {
+			Path string `json:"path"`
+		} `json:"conflicts"`
+	}
+	if err := json.Unmarshal(r.cliOutput("resolve", "--json", r.sb.mnt), &list); err != nil {
+		r.t.Fatal(err)
+	}
+	if len(list.Conflicts) == 0 {
+		r.fail("", "sbxfs resolve lists no conflicts after a refused commit")
+	}
+	args := []string{"resolve", "--json", r.sb.mnt}
+	for _, c := range list.Conflicts {
+		if !slices.Contains(args, c.Path) {
+			args = append(args, c.Path)
+		}
+	}
+	out, err := runTimeout(60*time.Second, cliBin, args...)
+	r.t.Logf("sbxfs resolve of %d conflicts: exit %d\n%s", len(args)-3, exitCode(err), out)
+	switch exitCode(err) {
+	case 0:
+		var res struct {
+			Conflicts []any `json:"conflicts"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil || len(res.Conflicts) > 0 {
+			r.fail("", "sbxfs resolve of every conflict left some (%v):\n%s", err, out)
+		}
+		return true
+	case exitConflictCode:
+		now, err := walkTree(r.sb.orig, unchangedOpts)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if d := diffTrees(left, now, 25); len(d) > 0 {
+			r.fail("", "a refused resolve changed the original:\n  %s", strings.Join(d, "\n  "))
+		}
+		out2, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "concurrent", r.sb.mnt)
+		if exitCode(err) != exitConflictCode {
+			r.fail("", "after a refused resolve the commit must still refuse: exit %d\n%s\n(resolve: %s)", exitCode(err), out2, out)
+		}
+		return false
+	}
+	r.fail("", "sbxfs resolve: exit %d: %v\n%s", exitCode(err), err, out)
+	return false
 }
 
 // checkKept demands a file with the content and mode of each of wrote in
