@@ -94,10 +94,12 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 			return nil
 		}
 		return r.movedWith(d, d.oldPath, c.Path)
-	case d.new.typ() != unix.S_IFDIR:
+	case d.new.typ() != unix.S_IFDIR && !d.copied && !r.sources[d.oldPath]:
 		// An original directory removed (or replaced by another type):
 		// its files went first, where the change set may name them by
 		// paths they had elsewhere; those it does not name go with it.
+		// (Not one another entry moves elsewhere whole: its files go
+		// with it.)
 		return r.goneBeneath(d, d.oldPath)
 	}
 	return nil
@@ -158,7 +160,9 @@ func (r *diffReader) movedWith(d *diffPair, from, to string) error {
 				d.moved = append(d.moved, movedFile{from: o, to: n, copied: r.inPlace[o], symlink: typ&os.ModeSymlink != 0})
 			}
 			return true, nil
-		case dir && (c.Kind == layers.Deleted || !comparesWith(r, c, o)):
+		case dir && (c.Kind == layers.Deleted || !comparesWith(r, c, o) || c.Type != "dir"):
+			// Removed, replaced by another object, or turned into a
+			// non-directory: nothing beneath moves with the rename.
 			return false, r.goneBeneath(d, o)
 		case dir, comparesWith(r, c, o), r.inPlace[o]:
 			return true, nil
