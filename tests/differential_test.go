@@ -422,6 +422,39 @@ func TestDifferentialRemount(t *testing.T) {
 	r.checkDiffCoverage()
 }
 
+// TestDifferentialKill SIGKILLs the server in the middle of the run,
+// cleans up the dead mount as a user would and mounts the same sandbox
+// again: every operation that returned before the kill is in the upper
+// and the journal, so the tree, the listings of status and diff and the
+// patch are as if nothing had happened.
+func TestDifferentialKill(t *testing.T) {
+	seed := diffSeed(t)
+	r := newDiffRun(t, seed, !*flagDiffNoLinks)
+	n := max(*flagDiffOps/3, 200)
+	r.run(n / 2)
+	r.compareTrees("before the kill")
+	r.closeFds() // descriptors of a dead mount: nothing to close them through
+	r.sb.kill(t)
+	var out []byte
+	var err error
+	if r.sb.useStandIn() {
+		out, err = runTimeout(20*time.Second, "umount", "-l", r.sb.mnt)
+	} else {
+		out, err = runTimeout(20*time.Second, cliBin, "unmount", r.sb.mnt)
+	}
+	if err != nil {
+		t.Fatalf("unmount the dead mount: %v\n%s", err, out)
+	}
+	r.sb.start(t)
+	r.compareTrees("after the kill and a new mount")
+	r.checkListing()
+	r.run(n - n/2)
+	r.compareTrees("end")
+	r.checkPatch()
+	r.checkListing()
+	r.checkDiffCoverage()
+}
+
 func newDiffRun(t *testing.T, seed int64, links bool) *diffRun {
 	return newDiffRunGuard(t, seed, true, links, *flagDiffOpSet)
 }
