@@ -29,8 +29,8 @@ the sandbox: ORIGINAL is unchanged.
 
 Exits with CMD's status (128+N when signal N killed it; 127 when it could
 not be started), or with sbxfs's own code when sbxfs fails (7: the commit
-met conflicts; the sandbox is then kept, mounted, to commit with --force or
-destroy). SIGTERM and SIGHUP are passed on to CMD; SIGINT and SIGQUIT from
+met conflicts; the sandbox is then kept, mounted, to settle with 'sbxfs
+resolve' and commit, commit with --force, or destroy). SIGTERM and SIGHUP are passed on to CMD; SIGINT and SIGQUIT from
 the terminal reach it directly. With --json a summary is printed on
 stdout after CMD's output.`,
 		Flags: []cli.Flag{
@@ -175,8 +175,8 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		j := toPlanJSON(res)
 		out.Commit, out.Committed = &j, err == nil
 		if err != nil {
-			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs commit %s' (--force) or 'sbxfs destroy %s'",
-				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID)
+			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs resolve %s PATH...' then 'sbxfs commit %s', 'sbxfs commit --force %s', or 'sbxfs destroy %s'",
+				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.Mountpoint, sb.ID, sb.ID, sb.ID)
 		}
 		return nil
 	}
