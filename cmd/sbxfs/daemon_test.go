@@ -313,6 +313,31 @@ func TestManagedRun(t *testing.T) {
 	}
 }
 
+// TestManagedRunConflict: CMD changes a file in the sandbox and the same
+// file of the original behind it; the commit after it is refused (exit
+// 7), the sandbox stays mounted with its changes, the message says how to
+// go on, and resolve then commit takes it there.
+func TestManagedRunConflict(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	r := e.sbxfs("run", "--commit-on-success", "--json", o, "--", "sh", "-c", "echo mine > a.txt; echo theirs > \"$1\"/a.txt", "sh", o)
+	assertFailure(t, r, exitConflict, "a.txt: content changed in the original")
+	assert.Contains(t, r.stderr, "sbxfs resolve ")
+	var out runJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	assert.False(t, out.Committed)
+	assert.False(t, out.Destroyed)
+	assertFile(t, filepath.Join(o, "a.txt"), "theirs\n")
+	assert.True(t, isMounted(t, out.Mountpoint), "the sandbox stays mounted")
+
+	r = e.sbxfs("resolve", out.Mountpoint, "a.txt")
+	require.Equal(t, 0, r.code, r.stderr)
+	r = e.sbxfs("commit", out.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "a.txt"), "mine\n")
+}
+
 func TestDaemonRestart(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)
