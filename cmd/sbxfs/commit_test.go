@@ -18,10 +18,7 @@ import (
 func TestCommitKeepRollbackCycle(t *testing.T) {
 	requireFuse(t)
 	t.Parallel()
-	bin := sbxfsBin(t)
-	f := newFixture(t)
-	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
-	require.Equal(t, 0, r.code, r.stderr)
+	bin, f := mountedFixture(t)
 
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("v2\n"), 0o644))
 	require.NoError(t, os.Mkdir(filepath.Join(f.mnt, "sub", "new"), 0o755))
@@ -29,7 +26,7 @@ func TestCommitKeepRollbackCycle(t *testing.T) {
 
 	open, err := os.OpenFile(filepath.Join(f.mnt, "a.txt"), os.O_WRONLY, 0)
 	require.NoError(t, err)
-	r = runBin(t, bin, "commit", f.mnt)
+	r := runBin(t, bin, "commit", f.mnt)
 	assertFailure(t, r, exitBusy, "a.txt")
 	assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
 	require.NoError(t, open.Close())

@@ -71,6 +71,17 @@ func newFixture(t *testing.T) sandboxFixture {
 	return f
 }
 
+// mountedFixture mounts a new fixture with 'sbxfs mount --upper' and
+// returns the binary and the fixture.
+func mountedFixture(t *testing.T) (string, sandboxFixture) {
+	t.Helper()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	return bin, f
+}
+
 // statusOf runs sbxfs status --json and decodes it.
 func statusOf(t *testing.T, arg string) statusJSON {
 	t.Helper()

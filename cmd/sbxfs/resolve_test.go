@@ -18,15 +18,12 @@ import (
 func TestResolveConflicts(t *testing.T) {
 	requireFuse(t)
 	t.Parallel()
-	bin := sbxfsBin(t)
-	f := newFixture(t)
-	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
-	require.Equal(t, 0, r.code, r.stderr)
+	bin, f := mountedFixture(t)
 	writeFile(t, filepath.Join(f.mnt, "a.txt"), "hello\nmine\n")
 	writeFile(t, filepath.Join(f.mnt, "b.txt"), "b\n")
 	writeFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\n")
 
-	r = runBin(t, bin, "commit", f.mnt)
+	r := runBin(t, bin, "commit", f.mnt)
 	assertFailure(t, r, exitConflict, "a.txt: content changed in the original")
 	assert.Contains(t, r.stderr, "sbxfs resolve MOUNTPOINT PATH", "the message says what to do")
 
