@@ -191,8 +191,15 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 		switch there, st, err := orig.inTree(q); {
 		case err != nil:
 			add(dir, err.Error(), "")
+		case !there && base == resolvedGone:
 		case !there:
-			add(dir, "removed from the original", "")
+			// Resolvable: the commit makes the sandbox's directory
+			// again (withMissingDirs).
+			key := q
+			if orig.firstSymlink(q) != "" {
+				key = ""
+			}
+			add(dir, "removed from the original", key)
 		case !sameObject(base, &st):
 			add(dir, "replaced in the original", q)
 		}

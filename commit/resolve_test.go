@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -151,5 +152,63 @@ func TestResolveSurvivesAnUndo(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(s.orig, p))
 		require.NoError(t, err)
 		assert.Equal(t, "sandbox", string(b), p)
+	}
+}
+
+// TestResolveADirectoryGoneFromTheOriginal: the sandbox made a file in an
+// original directory that the original then moved away, removed with
+// its parent, or replaced by a file. The conflict on the directory is
+// resolved (or --force given): the commit makes the sandbox's directory
+// again, with the new file in it; what the original moved away stays
+// where it went, and a file in the directory's place goes.
+func TestResolveADirectoryGoneFromTheOriginal(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		other func(t *testing.T, orig string)
+		want  Conflict
+		force bool
+		after []string
+	}{
+		{name: "moved away", want: Conflict{Path: "d/sub", Reason: "removed from the original"},
+			other: func(t *testing.T, orig string) {
+				require.NoError(t, os.Rename(filepath.Join(orig, "d/sub"), filepath.Join(orig, "d/moved")))
+			},
+			after: []string{"d", "d/a", "d/moved", "d/moved/f", "d/sub", "d/sub/new"}},
+		{name: "moved away, --force", force: true, want: Conflict{Path: "d/sub", Reason: "removed from the original"},
+			other: func(t *testing.T, orig string) {
+				require.NoError(t, os.Rename(filepath.Join(orig, "d/sub"), filepath.Join(orig, "d/moved")))
+			},
+			after: []string{"d", "d/a", "d/moved", "d/moved/f", "d/sub", "d/sub/new"}},
+		{name: "removed with its parent", want: Conflict{Path: "d/sub", Reason: "removed from the original"},
+			other: func(t *testing.T, orig string) { require.NoError(t, os.RemoveAll(filepath.Join(orig, "d"))) },
+			after: []string{"d", "d/sub", "d/sub/new"}},
+		{name: "replaced by a file", want: Conflict{Path: "d/sub", Reason: "replaced in the original"},
+			other: func(t *testing.T, orig string) {
+				require.NoError(t, os.RemoveAll(filepath.Join(orig, "d/sub")))
+				writeFile(t, filepath.Join(orig, "d/sub"), "other writer")
+			},
+			after: []string{"d", "d/a", "d/sub", "d/sub/new"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"d/a": "a", "d/sub/f": "f"})
+			s.write("d/sub/new", "new")
+			s.done()
+			tc.other(t, s.orig)
+			cf, err := Conflicts(s.cfg)
+			require.NoError(t, err)
+			require.Equal(t, []Conflict{tc.want}, cf)
+			if tc.force {
+				require.NoError(t, commitAll(t, s.cfg, Options{Force: true}))
+			} else {
+				_, left, err := Resolve(s.cfg, []string{"d/sub"})
+				require.NoError(t, err)
+				require.Empty(t, left)
+				require.NoError(t, commitAll(t, s.cfg, Options{}))
+			}
+			assert.ElementsMatch(t, tc.after, slices.Collect(maps.Keys(snapshot(t, s.orig))))
+			b, err := os.ReadFile(filepath.Join(s.orig, "d/sub/new"))
+			require.NoError(t, err)
+			assert.Equal(t, "new", string(b))
+		})
 	}
 }

@@ -118,6 +118,13 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 			return nil, &Error{Stage: StagePrepare, Conflicts: cf, Err: ErrConflict}
 		}
 	}
+	resolved, err := readRebase(work)
+	if err != nil {
+		x.closeTrees()
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
+	cs = withMissingDirs(x.orig, cs, opt.Force, resolved)
+	x.changes = cs.Changes
 	if err := x.stage(cs); err != nil {
 		x.discardStage()
 		x.closeTrees()

@@ -1,0 +1,57 @@
+package commit
+
+import (
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/layers"
+)
+
+// withMissingDirs adds to cs the creation of each directory its changes
+// are made in that the original no longer has as a directory (removed,
+// moved away or replaced since the sandbox saw it), where the commit is
+// told to apply anyway: with --force (force), or where a conflict on
+// that directory was resolved in the sandbox's favour (resolved holds
+// the original paths Resolve recorded). The directory made is the
+// sandbox's, with its metadata; so is every missing one above it. What
+// the original moved away stays where it went; what stands there now
+// (a file in the directory's place) goes, as for any path the commit
+// replaces.
+func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) layers.ChangeSet {
+	r := newRenames(cs)
+	made := map[string]bool{"": true} // directories the change set makes or moves in
+	for _, c := range cs.Changes {
+		if c.Type == "dir" && (c.Kind == layers.Created || c.Kind == layers.Renamed) {
+			made[c.Path] = true
+		}
+	}
+	isDir := func(dir string) bool {
+		there, st, err := orig.inTree(r.original(dir))
+		return err == nil && there && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	}
+	var add []layers.Change
+	for _, c := range cs.Changes {
+		if c.Kind == layers.Deleted {
+			continue // a removal puts nothing into its directory
+		}
+		dir, _ := layers.Split(c.Path)
+		if made[dir] || isDir(dir) {
+			continue
+		}
+		if _, ok := resolved[r.original(dir)]; !force && !ok {
+			continue // the apply fails on it, as the conflict said
+		}
+		for ; !made[dir] && !isDir(dir); dir, _ = layers.Split(dir) {
+			made[dir] = true
+			add = append(add, layers.Change{Path: dir, Kind: layers.Created, Type: "dir"})
+		}
+	}
+	if len(add) == 0 {
+		return cs
+	}
+	out := layers.ChangeSet{Changes: append(slices.Clone(cs.Changes), add...)}
+	slices.SortFunc(out.Changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) })
+	return out
+}
