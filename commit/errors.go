@@ -125,10 +125,11 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			// it): the commit has nothing to remove.
 		case !there && base == resolvedGone:
 		case !there && !target:
-			// Resolvable where the commit does not need the original's
-			// object: it moves a directory, or changes metadata.
+			// Resolvable: the commit puts the sandbox's object there
+			// (for a directory it moves or changes the metadata of, it
+			// makes the sandbox's directory anew: withMissingDirs).
 			key := p
-			if c.Kind == layers.Metadata || (c.Kind == layers.Renamed && c.Type == "dir") || orig.firstSymlink(p) != "" {
+			if orig.firstSymlink(p) != "" {
 				key = ""
 			}
 			add(c.Path, "removed from the original", key)

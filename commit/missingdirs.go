@@ -20,6 +20,7 @@ import (
 // (a file in the directory's place) goes, as for any path the commit
 // replaces.
 func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) layers.ChangeSet {
+	cs = withGoneOriginals(orig, cs, force, resolved)
 	r := newRenames(cs)
 	made := map[string]bool{"": true} // directories the change set makes or moves in
 	for _, c := range cs.Changes {
@@ -54,4 +55,35 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 	out := layers.ChangeSet{Changes: append(slices.Clone(cs.Changes), add...)}
 	slices.SortFunc(out.Changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) })
 	return out
+}
+
+// withGoneOriginals turns a change that needs the original's object (a
+// directory moved, metadata changed) into the creation of the sandbox's
+// object where the original has nothing there any more, under the same
+// rule as withMissingDirs: what the sandbox made inside a moved directory
+// goes into the new one; the original's entries the sandbox saw there
+// are gone from the original, so they are not in it.
+func withGoneOriginals(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) layers.ChangeSet {
+	r := newRenames(cs)
+	var out []layers.Change
+	for i, c := range cs.Changes {
+		if c.Kind != layers.Metadata && !(c.Kind == layers.Renamed && c.Type == "dir") {
+			continue
+		}
+		key := conflictKey(r, c)
+		if _, ok := resolved[key]; !force && !ok {
+			continue
+		}
+		if there, _, err := orig.inTree(key); err != nil || there || orig.firstSymlink(key) != "" {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(cs.Changes)
+		}
+		out[i] = layers.Change{Path: c.Path, Kind: layers.Created, Type: c.Type}
+	}
+	if out == nil {
+		return cs
+	}
+	return layers.ChangeSet{Changes: out}
 }

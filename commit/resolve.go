@@ -63,7 +63,7 @@ func Resolve(cfg layers.Config, paths []string) (resolved, left []Conflict, err 
 			}
 			n++
 			if c.key == "" {
-				return nil, nil, fmt.Errorf("%s (%s): %w; roll the sandbox back, or put the original back as it was", p, c.Reason, ErrUnresolvable)
+				return nil, nil, fmt.Errorf("%s (%s): %w (a symlink is on the way to it, or the original could not be read); put the original back as it was, use --force, or roll the sandbox back", p, c.Reason, ErrUnresolvable)
 			}
 			there, st, err := orig.inTree(c.key)
 			switch {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,6 +44,14 @@ func TestResolve(t *testing.T) {
 				require.NoError(t, os.Chmod(filepath.Join(orig, "f"), 0o600))
 			},
 			paths: []string{"f"}, reasons: 2, want: map[string]string{"f": "g"}},
+		{name: "a directory it moved, removed from the original",
+			sandbox: func(s *sandbox) { s.rename("d", "e"); s.write("e/n", "n") },
+			other:   func(t *testing.T, orig string) { require.NoError(t, os.RemoveAll(filepath.Join(orig, "d"))) },
+			paths:   []string{"e"}, reasons: 1, want: map[string]string{"e": "", "e/n": "n", "f": "f", "g": "g"}},
+		{name: "a directory it changed the mode of, removed from the original",
+			sandbox: func(s *sandbox) { s.chmod("d", 0o700) },
+			other:   func(t *testing.T, orig string) { require.NoError(t, os.RemoveAll(filepath.Join(orig, "d"))) },
+			paths:   []string{"d"}, reasons: 1, want: map[string]string{"d": "", "f": "f", "g": "g"}},
 		{name: "made in a directory the sandbox removed", // (the directory's mtime moved too)
 			sandbox: func(s *sandbox) { s.remove("d/a"); s.remove("d") },
 			other:   func(t *testing.T, orig string) { writeFile(t, filepath.Join(orig, "d/x"), "other writer") },
@@ -50,7 +59,7 @@ func TestResolve(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSandbox(t, map[string]string{"f": "f", "g": "g", "d/a": "a"})
-			if tc.name != "made in a directory the sandbox removed" {
+			if !strings.Contains(tc.name, "directory") { // d is for those
 				s.remove("d/a")
 				s.remove("d")
 			}
@@ -77,6 +86,10 @@ func TestResolve(t *testing.T) {
 			require.NoError(t, commitAll(t, s.cfg, Options{}))
 			got := map[string]string{}
 			for p := range snapshot(t, s.orig) {
+				if st, err := os.Lstat(filepath.Join(s.orig, p)); err == nil && st.IsDir() {
+					got[p] = ""
+					continue
+				}
 				b, err := os.ReadFile(filepath.Join(s.orig, p))
 				require.NoError(t, err)
 				got[p] = string(b)
@@ -101,21 +114,23 @@ func TestResolveThenTheOriginalChangesAgain(t *testing.T) {
 }
 
 // TestResolveRefuses: a path that names no conflict, and a conflict that
-// keeping the sandbox's version cannot settle (a directory the sandbox
-// moved, which the original removed: the commit moves the original's),
-// are refused and record nothing.
+// keeping the sandbox's version cannot settle (a symlink now on the way to
+// it: the commit never follows one), are refused and record nothing.
 func TestResolveRefuses(t *testing.T) {
 	s := newSandbox(t, map[string]string{"d/a": "a", "g": "g", "h": "h"})
-	s.rename("d", "e")
+	s.write("d/a", "sandbox")
 	s.write("g", "sandbox")
 	s.done()
-	require.NoError(t, os.RemoveAll(filepath.Join(s.orig, "d")))
+	d := filepath.Join(s.orig, "d")
+	require.NoError(t, os.Rename(d, d+".real"))
+	require.NoError(t, os.Symlink("d.real", d))
 	writeFile(t, filepath.Join(s.orig, "g"), "other writer")
-	want := []Conflict{{Path: "e", Reason: "removed from the original"}, {Path: "g", Reason: "content changed in the original"}}
+	want := []Conflict{{Path: "d/a", Reason: "removed from the original"}, {Path: "g", Reason: "content changed in the original"},
+		{Path: "d", Reason: "replaced in the original"}}
 
 	_, _, err := Resolve(s.cfg, []string{"g", "h"})
 	assert.ErrorIs(t, err, ErrNotAConflict)
-	_, _, err = Resolve(s.cfg, []string{"g", "e"})
+	_, _, err = Resolve(s.cfg, []string{"g", "d/a"})
 	assert.ErrorIs(t, err, ErrUnresolvable)
 	cf, err := Conflicts(s.cfg)
 	require.NoError(t, err)
@@ -123,11 +138,11 @@ func TestResolveRefuses(t *testing.T) {
 
 	_, left, err := Resolve(s.cfg, []string{"g"})
 	require.NoError(t, err)
-	assert.Equal(t, want[:1], left)
+	assert.ElementsMatch(t, []Conflict{want[0], want[2]}, left)
 	err = commitAll(t, s.cfg, Options{})
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
-	assert.Equal(t, want[:1], ce.Conflicts)
+	assert.ElementsMatch(t, []Conflict{want[0], want[2]}, ce.Conflicts)
 }
 
 // TestResolveSurvivesAnUndo: a commit of a resolved sandbox that is undone

@@ -29,12 +29,11 @@ keep the original's change as well, merge it into the sandbox's file first
 resolve. A change the original makes after the resolve is a conflict
 again. Without PATH, lists the conflicts. Nothing in the original changes.
 
-A directory the sandbox changed things in that the original removed,
-moved away or replaced by a file is made again by the commit, as the
-sandbox has it. A conflict that keeping the sandbox's version cannot
-settle (a directory the sandbox moved, or changed the mode of, that the
-original removed) is refused (exit 7): roll the sandbox back, or put the
-original back as it was. A PATH that names no
+A directory the sandbox changed, or changed things in, that the original
+removed, moved away or replaced by a file is made again by the commit, as
+the sandbox has it. A conflict that keeping the sandbox's version cannot
+settle (a symlink the original put on the way to it) is refused (exit 7):
+put the original back as it was, use --force, or roll the sandbox back. A PATH that names no
 conflict is refused (exit 3). Either way nothing is recorded.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the conflicts resolved and those left as JSON"},
