@@ -226,6 +226,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 			}
 			args = []string{"commit", "-m", "concurrent", r.sb.mnt}
 		}
+		wins := r.sandboxWins(string(out))
 		out, err = runTimeout(60*time.Second, cliBin, args...)
 		if exitCode(err) == exitCommitFailedCode &&
 			(strings.Contains(string(out), "the original is unchanged") || strings.Contains(string(out), "commit prepare: ")) {
@@ -249,7 +250,12 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 				kept = append(kept, w)
 			}
 		}
-		r.checkKept(kept, how)
+		got := r.checkKept(kept, how)
+		for p, sum := range wins {
+			if n, ok := got[p]; !ok || !isRegularInfo(n) || n.Hash != sum {
+				r.fail("", "%s: the conflict %s was not settled with the sandbox's file (want its content in the original)", how, p)
+			}
+		}
 		return
 	case 0:
 	default:
@@ -383,6 +389,40 @@ func (r *diffRun) conflictPaths(out string) []string {
 		r.fail("", "a refused commit names no path:\n%s", out)
 	}
 	return paths
+}
+
+// sandboxWins lists, with their content, the files a refused commit
+// names as conflicts that --force or resolve must give the sandbox's
+// content: those whose own change (status) is not of metadata alone (that
+// one is applied over the other writer's content) and that the sandbox
+// has as a regular file.
+func (r *diffRun) sandboxWins(out string) map[string]string {
+	r.t.Helper()
+	var st struct {
+		Changes []layers.Change `json:"changes"`
+	}
+	if err := json.Unmarshal(r.cliOutput("status", "--json", r.sb.mnt), &st); err != nil {
+		r.t.Fatal(err)
+	}
+	kinds := map[string]layers.ChangeKind{}
+	for _, c := range st.Changes {
+		kinds[c.Path] = c.Kind
+	}
+	ref, err := walkTree(r.ref, diffViewOpts)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	wins := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		p, _, ok := strings.Cut(strings.TrimPrefix(l, "  "), ": ")
+		if !ok || !strings.HasPrefix(l, "  ") {
+			continue
+		}
+		if k, changed := kinds[p]; changed && k != layers.Metadata && k != layers.Deleted && isRegularInfo(ref[p]) {
+			wins[p] = ref[p].Hash
+		}
+	}
+	return wins
 }
 
 // coveredBy reports whether one of paths is, lies beneath or holds one of
