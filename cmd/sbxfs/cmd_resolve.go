@@ -23,7 +23,8 @@ it; 'sbxfs commit' refuses while there is one. 'sbxfs resolve MNT PATH...'
 settles each PATH, as the conflicts name it (relative to the sandbox root;
 a path inside MNT or the original works too), in the sandbox's favour: the
 next commit replaces what the original has there now with the sandbox's
-version, as --force would, and still refuses on every other conflict. To
+version, as --force would (a change of metadata alone is applied to the
+original's file as it is now), and still refuses on every other conflict. To
 keep the original's change as well, merge it into the sandbox's file first
 (the original is at its own path; the mount shows the sandbox's), then
 resolve. A change the original makes after the resolve is a conflict
