@@ -24,18 +24,19 @@ settles each PATH, as the conflicts name it (relative to the sandbox root;
 a path inside MNT or the original works too), in the sandbox's favour: the
 next commit replaces what the original has there now with the sandbox's
 version, as --force would (a change of metadata alone is applied to the
-original's file as it is now), and still refuses on every other conflict. To
-keep the original's change as well, merge it into the sandbox's file first
-(the original is at its own path; the mount shows the sandbox's), then
-resolve. A change the original makes after the resolve is a conflict
+original's file as it is now), and still refuses on every other conflict.
+To keep the original's change as well, merge it into the sandbox's file
+first (the original is at its own path; the mount shows the sandbox's),
+then resolve. A change the original makes after the resolve is a conflict
 again. Without PATH, lists the conflicts. Nothing in the original changes.
 
 A directory the sandbox changed, or changed things in, that the original
 removed, moved away or replaced by a file is made again by the commit, as
 the sandbox has it. A conflict that keeping the sandbox's version cannot
 settle (a symlink the original put on the way to it) is refused (exit 7):
-put the original back as it was, use --force, or roll the sandbox back. A PATH that names no
-conflict is refused (exit 3). Either way nothing is recorded.`,
+put the original back as it was, use --force, or roll the sandbox back. A
+PATH that names no conflict is refused (exit 3). Either way nothing is
+recorded.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the conflicts resolved and those left as JSON"},
 		},
