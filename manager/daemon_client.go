@@ -101,6 +101,12 @@ func KnownSandbox(stateRoot, id string) bool {
 	return err == nil
 }
 
+// WorkDir is the work directory of the managed sandbox id of stateRoot
+// (its layers.Config: layers.ReadMeta).
+func WorkDir(stateRoot, id string) string {
+	return filepath.Join(stateRoot, "sandboxes", id, "work")
+}
+
 // SandboxAtMountpoint returns the id of the sandbox of stateRoot whose
 // recorded mountpoint is mnt (clean, absolute, symlinks resolved), read
 // from the records on disk without asking the daemon: the active one

@@ -90,9 +90,10 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"commit of an empty path", []string{"commit", ""}, exitUsage, "is empty"},
 		{"commit with an option after the path", []string{"commit", plain, "--force"}, exitUsage, "put options before"},
 		// resolve
-		{"resolve without arguments", []string{"resolve"}, exitUsage, "MOUNTPOINT|DIR [PATH...]"},
+		{"resolve without arguments", []string{"resolve"}, exitUsage, "MOUNTPOINT|DIR|ID [PATH...]"},
 		{"resolve of a missing path", []string{"resolve", missing, "a"}, exitBadPath, "does not exist"},
 		{"resolve of a plain directory", []string{"resolve", plain}, exitNotSbxfs, "not an sbxfs mount or sandbox"},
+		{"resolve of an unknown id", []string{"resolve", unknownID}, exitNotSbxfs, "no sandbox " + unknownID},
 		{"resolve with an option after the path", []string{"resolve", plain, "a", "--json"}, exitUsage, "put options before"},
 		{"resolve of an empty path", []string{"resolve", plain, ""}, exitUsage, "option or empty"},
 		// rollback

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -11,13 +12,14 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/manager"
 )
 
 func resolveCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "resolve",
 		Usage:     "keep the sandbox's version of conflicting paths (or list the conflicts)",
-		ArgsUsage: "MOUNTPOINT|DIR [PATH...]",
+		ArgsUsage: "MOUNTPOINT|DIR|ID [PATH...]",
 		Description: `A conflict is a path the original changed after the sandbox first changed
 it; 'sbxfs commit' refuses while there is one. 'sbxfs resolve MNT PATH...'
 settles each PATH, as the conflicts name it (relative to the sandbox root;
@@ -53,9 +55,9 @@ type resolveJSON struct {
 func runResolve(c *cli.Context) error {
 	args := c.Args().Slice()
 	if len(args) == 0 {
-		return failf(exitUsage, "resolve needs MOUNTPOINT|DIR [PATH...]; see 'sbxfs help resolve'")
+		return failf(exitUsage, "resolve needs MOUNTPOINT|DIR|ID [PATH...]; see 'sbxfs help resolve'")
 	}
-	if err := checkArgs(c, args[:1], 1, "MOUNTPOINT|DIR [PATH...]"); err != nil {
+	if err := checkArgs(c, args[:1], 1, "MOUNTPOINT|DIR|ID [PATH...]"); err != nil {
 		return err
 	}
 	for _, a := range args[1:] {
@@ -63,7 +65,18 @@ func runResolve(c *cli.Context) error {
 			return failf(exitUsage, "%q after MOUNTPOINT|DIR is an option or empty; put options before MOUNTPOINT|DIR and give each PATH as the conflicts name it (see 'sbxfs help resolve')", a)
 		}
 	}
-	sb, err := openSandbox(args[0], c.App.ErrWriter)
+	target := args[0]
+	if _, err := os.Lstat(target); manager.ValidID(target) && errors.Is(err, os.ErrNotExist) {
+		root, err := managedRoot(c)
+		if err != nil {
+			return err
+		}
+		if !manager.KnownSandbox(root, target) {
+			return failf(exitNotSbxfs, "no sandbox %s in %s, and no such path; see 'sbxfs list'", target, root)
+		}
+		target = manager.WorkDir(root, target)
+	}
+	sb, err := openSandbox(target, c.App.ErrWriter)
 	if err != nil {
 		return err
 	}

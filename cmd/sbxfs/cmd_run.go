@@ -176,7 +176,7 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		out.Commit, out.Committed = &j, err == nil
 		if err != nil {
 			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs resolve %s PATH...' then 'sbxfs commit %s', 'sbxfs commit --force %s', or 'sbxfs destroy %s'",
-				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.Mountpoint, sb.ID, sb.ID, sb.ID)
+				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID, sb.ID, sb.ID)
 		}
 		return nil
 	}

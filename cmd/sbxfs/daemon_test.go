@@ -331,6 +331,9 @@ func TestManagedRunConflict(t *testing.T) {
 	assertFile(t, filepath.Join(o, "a.txt"), "theirs\n")
 	assert.True(t, isMounted(t, out.Mountpoint), "the sandbox stays mounted")
 
+	r = e.sbxfs("resolve", out.ID) // by its id
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "a.txt: content changed in the original")
 	r = e.sbxfs("resolve", out.Mountpoint, "a.txt")
 	require.Equal(t, 0, r.code, r.stderr)
 	r = e.sbxfs("commit", out.ID)
