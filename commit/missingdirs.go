@@ -28,9 +28,14 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 			made[c.Path] = true
 		}
 	}
+	dirs := map[string]bool{} // one lookup a directory
 	isDir := func(dir string) bool {
+		if d, ok := dirs[dir]; ok {
+			return d
+		}
 		there, st, err := orig.inTree(r.original(dir))
-		return err == nil && there && st.Mode&unix.S_IFMT == unix.S_IFDIR
+		dirs[dir] = err == nil && there && st.Mode&unix.S_IFMT == unix.S_IFDIR
+		return dirs[dir]
 	}
 	var add []layers.Change
 	for _, c := range cs.Changes {
