@@ -20,8 +20,20 @@ import (
 // (a file in the directory's place) goes, as for any path the commit
 // replaces.
 func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) layers.ChangeSet {
-	cs = withGoneOriginals(orig, cs, force, resolved)
+	before := newRenames(cs) // the renames Resolve's paths went through
+	cs, converted := withGoneOriginals(orig, cs, force, resolved)
 	r := newRenames(cs)
+	allowed := func(dir string) bool {
+		if _, ok := resolved[before.original(dir)]; force || ok {
+			return true
+		}
+		for d := dir; d != ""; d, _ = layers.Split(d) {
+			if converted[d] {
+				return true // beneath a directory made anew: as it
+			}
+		}
+		return false
+	}
 	made := map[string]bool{"": true} // directories the change set makes or moves in
 	for _, c := range cs.Changes {
 		if c.Type == "dir" && (c.Kind == layers.Created || c.Kind == layers.Renamed) {
@@ -46,7 +58,7 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 		if made[dir] || isDir(dir) {
 			continue
 		}
-		if _, ok := resolved[r.original(dir)]; !force && !ok {
+		if !allowed(dir) {
 			continue // the apply fails on it, as the conflict said
 		}
 		for ; !made[dir] && !isDir(dir); dir, _ = layers.Split(dir) {
@@ -66,11 +78,14 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 // directory moved, metadata changed) into the creation of the sandbox's
 // object where the original has nothing there any more, under the same
 // rule as withMissingDirs: what the sandbox made inside a moved directory
-// goes into the new one; the original's entries the sandbox saw there
-// are gone from the original, so they are not in it.
-func withGoneOriginals(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) layers.ChangeSet {
+// goes into the new one (and the directories on the way to it, which
+// withMissingDirs makes); the original's entries the sandbox saw there
+// are gone from the original, so they are not in it. It returns the
+// paths it turned into creations.
+func withGoneOriginals(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) (layers.ChangeSet, map[string]bool) {
 	r := newRenames(cs)
 	var out []layers.Change
+	converted := map[string]bool{}
 	for i, c := range cs.Changes {
 		if c.Kind != layers.Metadata && !(c.Kind == layers.Renamed && c.Type == "dir") {
 			continue
@@ -86,9 +101,10 @@ func withGoneOriginals(orig *tree, cs layers.ChangeSet, force bool, resolved map
 			out = slices.Clone(cs.Changes)
 		}
 		out[i] = layers.Change{Path: c.Path, Kind: layers.Created, Type: c.Type}
+		converted[c.Path] = true
 	}
 	if out == nil {
-		return cs
+		return cs, converted
 	}
-	return layers.ChangeSet{Changes: out}
+	return layers.ChangeSet{Changes: out}, converted
 }

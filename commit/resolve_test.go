@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -224,6 +225,36 @@ func TestResolveADirectoryGoneFromTheOriginal(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(s.orig, "d/sub/new"))
 			require.NoError(t, err)
 			assert.Equal(t, "new", string(b))
+		})
+	}
+}
+
+// TestResolveAMovedDirectoryGoneWithWhatIsBeneath: the sandbox moved a
+// directory and made a file in a subdirectory of it; the original removed
+// the directory. Resolved (or forced), the commit makes the moved
+// directory and the subdirectory anew around the new file (the
+// subdirectory's resolve names its path through the sandbox's rename;
+// until the fuzzed concurrent test found it, the commit failed there).
+func TestResolveAMovedDirectoryGoneWithWhatIsBeneath(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		t.Run(fmt.Sprintf("force=%v", force), func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"a/d/x": "x", "k": "k"})
+			s.rename("a", "b")
+			s.write("b/d/new", "new")
+			s.done()
+			require.NoError(t, os.RemoveAll(filepath.Join(s.orig, "a")))
+			cf, err := Conflicts(s.cfg)
+			require.NoError(t, err)
+			assert.ElementsMatch(t, []Conflict{{Path: "b", Reason: "removed from the original"}, {Path: "b/d", Reason: "removed from the original"}}, cf)
+			if force {
+				require.NoError(t, commitAll(t, s.cfg, Options{Force: true}))
+			} else {
+				_, left, err := Resolve(s.cfg, []string{"b", "b/d"})
+				require.NoError(t, err)
+				require.Empty(t, left)
+				require.NoError(t, commitAll(t, s.cfg, Options{}))
+			}
+			assert.ElementsMatch(t, []string{"b", "b/d", "b/d/new", "k"}, slices.Collect(maps.Keys(snapshot(t, s.orig))))
 		})
 	}
 }

@@ -228,7 +228,7 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		}
 		wins := r.sandboxWins(string(out))
 		out, err = runTimeout(60*time.Second, cliBin, args...)
-		t.Logf("then %s: exit %d", how, exitCode(err))
+		t.Logf("then %s: exit %d\n%s", how, exitCode(err), out)
 		if exitCode(err) == exitCommitFailedCode &&
 			(strings.Contains(string(out), "the original is unchanged") || strings.Contains(string(out), "commit prepare: ")) {
 			// The other writer moved or removed a directory the
