@@ -229,20 +229,15 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		wins := r.sandboxWins(string(out))
 		out, err = runTimeout(60*time.Second, cliBin, args...)
 		t.Logf("then %s: exit %d\n%s", how, exitCode(err), out)
-		if exitCode(err) == exitCommitFailedCode &&
-			(strings.Contains(string(out), "the original is unchanged") || strings.Contains(string(out), "commit prepare: ")) {
-			// The other writer moved or removed a directory the
-			// sandbox changes things in, or renames: --force cannot
-			// apply them there, and fails as a whole.
-			if now, err = walkTree(r.sb.orig, unchangedOpts); err != nil {
-				t.Fatal(err)
-			}
-			if d := diffTrees(left, now, 25); len(d) > 0 {
-				r.fail("", "%s failed and changed the original (want = as the other writer left it):\n  %s\n%s", how, strings.Join(d, "\n  "), out)
-			}
-			return
-		}
 		if err != nil {
+			// Where the other writer moved or removed a directory the
+			// sandbox changes things in, or moves, the commit makes
+			// the sandbox's directory anew: nothing here stops it.
+			if now, werr := walkTree(r.sb.orig, unchangedOpts); werr == nil {
+				if d := diffTrees(left, now, 25); len(d) > 0 {
+					t.Logf("and it changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
+				}
+			}
 			r.fail("", "sbxfs %s after the conflicts %q: %v\n%s", how, named, err, out)
 		}
 		var kept []otherWrite
