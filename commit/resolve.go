@@ -16,9 +16,9 @@ import (
 // ErrNotAConflict says a path given to Resolve names no conflict.
 var ErrNotAConflict = errors.New("not a conflict of this sandbox")
 
-// ErrUnresolvable says a conflict cannot be resolved by taking the
-// sandbox's side: the commit needs an original object that is gone, or a
-// symlink stands on the way.
+// ErrUnresolvable says a conflict cannot be resolved by keeping the
+// sandbox's side: a symlink stands on the way to it (the commit never
+// follows one), or the original could not be read there.
 var ErrUnresolvable = errors.New("cannot be resolved by keeping the sandbox's version")
 
 // Resolve settles conflicts of the sandbox cfg in the sandbox's favour:
