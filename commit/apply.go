@@ -46,7 +46,17 @@ func (x *Txn) apply(i int) error {
 		if err != nil || !ok {
 			return err
 		}
-		return move(x.orig, s.Path, x.txn, s.Slot)
+		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
+			return err
+		}
+		if strings.HasPrefix(s.Slot, "b/") { // a backup, not a directory moved aside to come back
+			st, err := x.txn.lstat(s.Slot)
+			if err != nil {
+				return err
+			}
+			x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot, st: st})
+		}
+		return nil
 	case opInstall:
 		if err := stripAttrs(x.txn, s); err != nil {
 			return err
@@ -189,15 +199,46 @@ func (x *Txn) undo(s *step) error {
 // may retry Undo, or Close and leave the rest to Recover.
 func (x *Txn) Close() { x.close() }
 
-// MarkCommitted is the commit point: the original's filesystem is synced,
-// then the undo log says "committed". After it, recovery finishes the
-// transaction instead of undoing it.
-func (x *Txn) MarkCommitted() error {
+// Sync makes an applied transaction durable in the original (syncfs of
+// its filesystem), then checks that nobody wrote to an original object
+// the apply moved into the backups: a process that held it open may have
+// written to it during the commit, and the backups go at the commit
+// point. Such a write is a conflict, and the caller undoes the commit
+// (which puts the object back with the write). It comes before the
+// commit point: MarkCommitted calls it, and a plan commit calls it for
+// every sandbox before its own.
+func (x *Txn) Sync() error {
 	if len(x.log.Steps) == 0 {
 		return nil
 	}
 	if err := x.orig.syncfs(); err != nil {
 		return &Error{Stage: StageApply, Err: fmt.Errorf("sync the original: %w", err)}
+	}
+	var cf []Conflict
+	for _, b := range x.backups {
+		st, err := x.txn.lstat(b.slot)
+		if err != nil {
+			return &Error{Stage: StageApply, Paths: []string{b.path}, Err: fmt.Errorf("the backup of %s: %w", b.path, err)}
+		}
+		if st.Ino != b.st.Ino || st.Mode != b.st.Mode || st.Size != b.st.Size || st.Mtim != b.st.Mtim {
+			cf = append(cf, Conflict{Path: b.path, Reason: "changed in the original during the commit"})
+		}
+	}
+	if len(cf) > 0 {
+		return &Error{Stage: StageApply, Conflicts: cf, Err: ErrConflict}
+	}
+	return nil
+}
+
+// MarkCommitted is the commit point: Sync, then the undo log says
+// "committed". After it, recovery finishes the transaction instead of
+// undoing it.
+func (x *Txn) MarkCommitted() error {
+	if len(x.log.Steps) == 0 {
+		return nil
+	}
+	if err := x.Sync(); err != nil {
+		return err
 	}
 	x.log.State = stateCommitted
 	if err := writeUndoLog(x.work, &x.log); err != nil {
@@ -247,6 +288,10 @@ func Commit(x *Txn) error {
 	if err := x.MarkCommitted(); err != nil {
 		if uerr := x.Undo(); uerr != nil {
 			return errors.Join(err, uerr)
+		}
+		var ae *Error
+		if errors.As(err, &ae) {
+			ae.RolledBack = true
 		}
 		return err
 	}

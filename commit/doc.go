@@ -16,8 +16,9 @@
 //     first. Every step goes through a directory descriptor opened beneath
 //     the original root with RESOLVE_NO_SYMLINKS, so nothing outside the
 //     root is ever written.
-//  3. Commit point: syncfs of the original's filesystem, then the undo log
-//     is rewritten with state "committed" and fsynced.
+//  3. Commit point: syncfs of the original's filesystem and a check that
+//     nobody wrote to an object moved into the backups (Sync), then the
+//     undo log is rewritten with state "committed" and fsynced.
 //  4. Cleanup: the backups and the transaction directory are removed, then
 //     the undo log.
 //

@@ -161,3 +161,68 @@ func immutable(t *testing.T, p string) (unlock func()) {
 	t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
 	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
 }
+
+// TestWriteDuringTheCommitIsAConflict: a process that held an original
+// file open writes to it while the commit runs, after the apply moved the
+// file into the backups; another makes a file in an original directory
+// the commit removes. Both would go with the backups at the commit point.
+// The commit sees the backups changed before it: a conflict, undone, the
+// original as the writers left it.
+func TestWriteDuringTheCommitIsAConflict(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(s *sandbox)
+		write  func(t *testing.T, fd int)
+		path   string
+		open   string
+	}{
+		{"a file written through a descriptor", func(s *sandbox) { s.write("f", "sandbox") },
+			func(t *testing.T, fd int) {
+				_, err := unix.Pwrite(fd, []byte("written during the commit"), 0)
+				require.NoError(t, err)
+			}, "f", "f"},
+		{"a file made in a directory", func(s *sandbox) { s.remove("d/a"); s.remove("d") },
+			func(t *testing.T, fd int) {
+				nfd, err := unix.Openat(fd, "made during the commit", unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+				require.NoError(t, err)
+				unix.Close(nfd)
+			}, "d", "d"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"f": "f", "d/a": "a", "g": "g"})
+			tc.change(s)
+			s.write("g", "sandbox g")
+			s.done()
+			fd, err := unix.Open(filepath.Join(s.orig, tc.open), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if tc.open == "f" {
+				unix.Close(fd)
+				fd, err = unix.Open(filepath.Join(s.orig, tc.open), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			}
+			require.NoError(t, err)
+			defer unix.Close(fd)
+			x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+				if point == "applied" {
+					tc.write(t, fd)
+				}
+			}})
+			require.NoError(t, err)
+			before := snapshot(t, s.orig)
+			err = Commit(x)
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.ErrorIs(t, err, ErrConflict)
+			assert.True(t, ce.RolledBack)
+			assert.Equal(t, []Conflict{{Path: tc.path, Reason: "changed in the original during the commit"}}, ce.Conflicts)
+			after := snapshot(t, s.orig)
+			assert.Equal(t, before["g"], after["g"], "the rest is undone")
+			if tc.open == "f" {
+				b, err := os.ReadFile(filepath.Join(s.orig, "f"))
+				require.NoError(t, err)
+				assert.Equal(t, "written during the commit", string(b), "the write is in the original")
+			} else {
+				assert.FileExists(t, filepath.Join(s.orig, "d", "made during the commit"))
+				assert.FileExists(t, filepath.Join(s.orig, "d", "a"))
+			}
+		})
+	}
+}

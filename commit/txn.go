@@ -43,6 +43,16 @@ type Txn struct {
 	lock    int // flock on work/commit.lock, -1 when not held
 	// restored are the backups an undo put back, with their signatures.
 	restored []restoredObj
+	// backups are the original objects the apply moved into the
+	// transaction directory, as they were then (Sync checks nobody
+	// wrote to them since).
+	backups []backupObj
+}
+
+// backupObj is an original object an apply moved from path to slot.
+type backupObj struct {
+	path, slot string
+	st         unix.Stat_t
 }
 
 // restoredObj is an original object an undo moved back to path (moved: a

@@ -80,6 +80,7 @@ var planPoints = []struct {
 	{"applied-0", false},
 	{"applied-1", false},
 	{"applied-2", false},
+	{"synced", false},
 	{"plan-committed", true},
 	{"finished", true},
 }

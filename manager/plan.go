@@ -173,6 +173,10 @@ func (c *planCommit) run(ctx context.Context) {
 		c.abort(err)
 		return
 	}
+	if err := c.syncAll(); err != nil {
+		c.abort(err)
+		return
+	}
 	if !c.commitPoint() {
 		return
 	}
@@ -395,6 +399,23 @@ func (c *planCommit) release() {
 		}
 		p.closeCtl()
 	}
+}
+
+// syncAll makes every applied transaction durable in its original and
+// checks that nobody wrote to what it backed up (commit.Txn.Sync), before
+// the commit point: the plan record must never say committed while an
+// original's renames could still be lost to a crash (the record and the
+// originals may be on different filesystems). Fault point "synced".
+func (c *planCommit) syncAll() error {
+	for _, p := range c.parts {
+		if p.txn == nil || p.done {
+			continue
+		}
+		if err := safely(p.txn.Sync); err != nil {
+			return fmt.Errorf("sandbox %s: %w", p.rec.ID, err)
+		}
+	}
+	return c.fault("synced")
 }
 
 // commitPoint rewrites the plan record as committed: from here on the

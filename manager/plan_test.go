@@ -81,6 +81,39 @@ func TestCommitPlanFailureInEachSandbox(t *testing.T) {
 	}
 }
 
+// A process that held an original file open writes to it after the apply
+// moved it into the backups: before its commit point the plan sees the
+// backup changed (commit.Txn.Sync, which also makes the originals
+// durable first), undoes every sandbox, and the write stays.
+func TestCommitPlanWriteDuringTheCommit(t *testing.T) {
+	m := open(t, t.TempDir())
+	fx := newFixture(t, m, "p", 2)
+	fd, err := unix.Open(filepath.Join(fx.origs[0], "f"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	var seen []string
+	res, err := m.CommitPlan(ctx, "p", CommitOptions{Fault: func(p string) {
+		seen = append(seen, p)
+		if p == "applied-1" {
+			_, werr := unix.Pwrite(fd, []byte("other writer"), 0)
+			assert.NoError(t, werr)
+		}
+	}})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, commit.ErrConflict)
+	assert.Equal(t, CodeConflict, ErrorCode(err))
+	assert.Contains(t, err.Error(), "f: changed in the original during the commit")
+	assert.Empty(t, res.Committed)
+	assert.Equal(t, fx.ids, res.RolledBack)
+	assert.NotContains(t, seen, "synced")
+	assert.NotContains(t, seen, "plan-committed")
+	b, err := os.ReadFile(filepath.Join(fx.origs[0], "f"))
+	require.NoError(t, err)
+	assert.Equal(t, "other writer", string(b), "the write stays in the original")
+	assert.Equal(t, fx.old[1], snapshot(t, fx.origs[1]), "the other original is as before")
+	assert.Equal(t, repeat(Active, 2), fx.states(t, m))
+}
+
 // An undo that fails is reported as such, the others are still undone
 // (PITFALLS 2, 3, 4), and the next commit retries the undo first.
 func TestRollbackFailureIsReported(t *testing.T) {

@@ -69,6 +69,7 @@ func TestCrashDaemonAtPlanPoints(t *testing.T) {
 		{"plan-recorded", false, false},
 		{"applied-0", false, false},
 		{"applied-1", false, false},
+		{"synced", false, false},
 		{"plan-committed", false, true},
 		{"finished", false, true},
 		{"applied-1", true, false},
