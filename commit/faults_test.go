@@ -223,6 +223,11 @@ func TestWriteDuringTheCommitIsAConflict(t *testing.T) {
 				assert.FileExists(t, filepath.Join(s.orig, "d", "made during the commit"))
 				assert.FileExists(t, filepath.Join(s.orig, "d", "a"))
 			}
+			// The undo does not take the written object for the base:
+			// the next commit refuses too.
+			err = commitAll(t, s.cfg, Options{})
+			require.ErrorAs(t, err, &ce, "the retry must see the write as a conflict")
+			assert.ErrorIs(t, err, ErrConflict)
 		})
 	}
 }

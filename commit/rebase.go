@@ -72,7 +72,11 @@ func (x *Txn) rebase() error {
 			continue
 		}
 		if sig, ok := restored[p]; ok {
-			over[p] = sig
+			// What the undo moved back is that object, but someone may
+			// have written to it while it was in the backups.
+			if leftAlone(base, sig) {
+				over[p] = sig
+			}
 		} else if there, st, err := x.orig.exists(p); err == nil && there && undoLeftAlone(base, &st) {
 			over[p] = layers.SignatureOf(&st)
 		}
@@ -104,8 +108,12 @@ func sameObject(base layers.Signature, st *unix.Stat_t) bool {
 // inode number of the one it replaced), or other content, stays a
 // conflict.
 func undoLeftAlone(base layers.Signature, st *unix.Stat_t) bool {
-	now := layers.SignatureOf(st)
-	if !sameObject(base, st) || base.Mode != now.Mode {
+	return leftAlone(base, layers.SignatureOf(st))
+}
+
+// leftAlone is undoLeftAlone on a signature.
+func leftAlone(base, now layers.Signature) bool {
+	if base.Ino != now.Ino || base.Mode != now.Mode {
 		return false
 	}
 	return now.Mode&unix.S_IFMT == unix.S_IFDIR || base.Size == now.Size && base.Mtime == now.Mtime
