@@ -28,6 +28,11 @@ func (x *Txn) Apply() (err error) {
 		}
 		if err := x.apply(i); err != nil {
 			s := &x.log.Steps[i]
+			var ce *Error
+			if errors.As(err, &ce) && len(ce.Conflicts) > 0 {
+				ce.Paths = []string{s.Path}
+				return ce
+			}
 			return &Error{Stage: StageApply, Paths: []string{s.Path}, Err: fmt.Errorf("step %d (%s %s): %w", i, s.Kind, s.Path, err)}
 		}
 	}
@@ -55,6 +60,10 @@ func (x *Txn) apply(i int) error {
 				return err
 			}
 			x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot, st: st})
+			if was, ok := x.checked[x.renames().original(s.Path)]; ok && !sameState(&was, &st) {
+				// Written to (or replaced) since the conflict check.
+				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			}
 		}
 		return nil
 	case opInstall:
@@ -220,14 +229,32 @@ func (x *Txn) Sync() error {
 		if err != nil {
 			return &Error{Stage: StageApply, Paths: []string{b.path}, Err: fmt.Errorf("the backup of %s: %w", b.path, err)}
 		}
-		if st.Ino != b.st.Ino || st.Mode != b.st.Mode || st.Size != b.st.Size || st.Mtim != b.st.Mtim {
-			cf = append(cf, Conflict{Path: b.path, Reason: "changed in the original during the commit"})
+		if !sameState(&b.st, &st) {
+			cf = append(cf, Conflict{Path: b.path, Reason: changedDuringCommit})
 		}
 	}
 	if len(cf) > 0 {
 		return &Error{Stage: StageApply, Conflicts: cf, Err: ErrConflict}
 	}
 	return nil
+}
+
+const changedDuringCommit = "changed in the original during the commit"
+
+// sameState reports whether now is the object was describes, with the
+// same content as far as its inode, mode, size and mtime tell (a rename
+// changes only its ctime).
+func sameState(was, now *unix.Stat_t) bool {
+	return was.Ino == now.Ino && was.Mode == now.Mode && was.Size == now.Size && was.Mtim == now.Mtim
+}
+
+// renames is the renames of the transaction's changes.
+func (x *Txn) renames() renames {
+	if x.r == nil {
+		r := newRenames(layers.ChangeSet{Changes: x.changes})
+		x.r = &r
+	}
+	return *x.r
 }
 
 // MarkCommitted is the commit point: Sync, then the undo log says

@@ -2,6 +2,7 @@ package commit
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,6 +161,45 @@ func immutable(t *testing.T, p string) (unlock func()) {
 	}
 	t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
 	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
+}
+
+// TestWriteBetweenTheCheckAndTheApplyIsAConflict: the original file is
+// written to (in place, or replaced by a save) after the conflict check
+// passed and before the apply moves it into the backups: the apply sees
+// it is not what the check saw, and the commit is undone and refused.
+func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replaced=%v", replace), func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"a": "a", "f": "f", "z": "z"})
+			s.write("a", "sandbox a")
+			s.write("f", "sandbox")
+			s.write("z", "sandbox z")
+			s.done()
+			p := filepath.Join(s.orig, "f")
+			x, err := Prepare(s.cfg, Options{})
+			require.NoError(t, err)
+			if replace {
+				require.NoError(t, os.WriteFile(p+".new", []byte("saved meanwhile"), 0o644))
+				require.NoError(t, os.Rename(p+".new", p))
+			} else {
+				require.NoError(t, os.WriteFile(p, []byte("written meanwhile"), 0o644))
+			}
+			want, err := os.ReadFile(p)
+			require.NoError(t, err)
+			before := snapshot(t, s.orig)
+			err = Commit(x)
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.ErrorIs(t, err, ErrConflict)
+			assert.True(t, ce.RolledBack)
+			assert.Equal(t, []Conflict{{Path: "f", Reason: "changed in the original during the commit"}}, ce.Conflicts)
+			assert.Equal(t, before, snapshot(t, s.orig), "the commit is undone")
+			got, err := os.ReadFile(p)
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(got))
+			require.Error(t, commitAll(t, s.cfg, Options{}), "the next commit refuses too")
+		})
+	}
 }
 
 // TestWriteDuringTheCommitIsAConflict: a process that held an original

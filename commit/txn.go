@@ -47,6 +47,32 @@ type Txn struct {
 	// transaction directory, as they were then (Sync checks nobody
 	// wrote to them since).
 	backups []backupObj
+	// checked is what the original held, right after the conflict check,
+	// at each original path of a non-directory the changes replace or
+	// remove (the apply refuses to back up another state of it).
+	checked map[string]unix.Stat_t
+	r       *renames // of changes, made on first use
+}
+
+// checkedState records what the original holds at each original path of
+// a non-directory the change set replaces or removes (its own, and a
+// rename's target).
+func checkedState(orig *tree, cs layers.ChangeSet) map[string]unix.Stat_t {
+	r := newRenames(cs)
+	out := map[string]unix.Stat_t{}
+	note := func(p string) {
+		if there, st, err := orig.inTree(p); err == nil && there && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			out[p] = st
+		}
+	}
+	for _, c := range cs.Changes {
+		note(conflictKey(r, c))
+		if c.Kind == layers.Renamed {
+			dir, name := layers.Split(c.Path)
+			note(layers.Join(r.original(dir), name))
+		}
+	}
+	return out
 }
 
 // backupObj is an original object an apply moved from path to slot.
@@ -135,6 +161,9 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	}
 	cs = withMissingDirs(x.orig, cs, opt.Force, resolved)
 	x.changes = cs.Changes
+	if !opt.Force {
+		x.checked = checkedState(x.orig, cs)
+	}
 	if err := x.stage(cs); err != nil {
 		x.discardStage()
 		x.closeTrees()
