@@ -143,8 +143,8 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			// with the directory, as the mount shows them. Its owner
 			// and attributes must be the sandbox's, as the commit sets
 			// them: the original changed none, or changed them as the
-			// sandbox did.
-			if !sameAttrs(orig, p, filepath.Join(upper, c.Path)) {
+			// sandbox did. (One it removes goes with its attributes.)
+			if c.Kind != layers.Deleted && !sameAttrs(orig, p, filepath.Join(upper, c.Path)) {
 				add(c.Path, "changed in the original, and its owner or attributes differ from the sandbox's", p)
 			}
 		default:
@@ -209,11 +209,13 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 }
 
 // entriesOnly reports whether the change c is of a directory the
-// sandbox keeps (moved, or its metadata changed) and the original changed
-// no more of it than its entries and times could show: the same
-// directory, with the same mode.
+// sandbox moves, changes the metadata of or removes, and the original
+// changed no more of it than its entries and times could show: the same
+// directory, with the same mode. (The entries of a directory removed are
+// each checked: those the sandbox removed by their own changes, any other
+// by unaccounted.)
 func entriesOnly(c layers.Change, base layers.Signature, st *unix.Stat_t) bool {
-	return c.Type == "dir" && (c.Kind == layers.Renamed || c.Kind == layers.Metadata) &&
+	return c.Type == "dir" && (c.Kind == layers.Renamed || c.Kind == layers.Metadata || c.Kind == layers.Deleted) &&
 		base.Mode&unix.S_IFMT == unix.S_IFDIR && sameObject(base, st) && base.Mode == st.Mode
 }
 
