@@ -332,19 +332,21 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 			s := newDiffSandbox(t, map[string]string{"g/f": "f\n", "g/keep": "k\n", "q": "q\n"})
 			tc.ops(s)
 			cs := s.changes()
-			list := func(changes []layers.Change) string {
-				var out []string
-				for _, c := range changes {
-					out = append(out, statusLetter(c, c.Type)+" "+c.Path)
-				}
-				return strings.Join(out, ", ")
-			}
-			assert.Equal(t, tc.fromChangeSet, slices.Contains(strings.Split(list(cs.Listing()), ", "), "D g/f"), "the change set names it")
+			assert.Equal(t, tc.fromChangeSet, slices.Contains(strings.Split(statusLines(cs.Listing()), ", "), "D g/f"), "the change set names it")
 			got, err := StatusListing(s.cfg, cs)
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, list(got))
+			assert.Equal(t, tc.want, statusLines(got))
 		})
 	}
+}
+
+// statusLines is a status listing on one line: "D g, A g, ...".
+func statusLines(changes []layers.Change) string {
+	var out []string
+	for _, c := range changes {
+		out = append(out, statusLetter(c, c.Type)+" "+c.Path)
+	}
+	return strings.Join(out, ", ")
 }
 
 // TestDiffListsWhatARenamedDirectoryMoves: the listing forms read with
@@ -454,11 +456,7 @@ func TestDiffDirectoryTurnedIntoANonDirectory(t *testing.T) {
 			assert.Equal(t, tc.nameStatus, b.String())
 			got, err := StatusListing(s.cfg, cs)
 			require.NoError(t, err)
-			var listed []string
-			for _, c := range got {
-				listed = append(listed, statusLetter(c, c.Type)+" "+c.Path)
-			}
-			assert.Equal(t, tc.status, strings.Join(listed, ", "))
+			assert.Equal(t, tc.status, statusLines(got))
 
 			if _, err := exec.LookPath("git"); err != nil {
 				return
