@@ -124,6 +124,10 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			// Removed from the original too (or moved away, which keeps
 			// it): the commit has nothing to remove.
 		case !there && base == resolvedGone:
+		case !there && acceptedSymlink(orig, bases, orig.firstSymlink(p)):
+			// Beneath a symlink the original put in a directory's place
+			// and a resolve accepted as the base: the commit makes the
+			// sandbox's directory there (withMissingDirs), and this in it.
 		case !there && !target:
 			// Resolvable: the commit puts the sandbox's object there
 			// (for a directory it moves or changes the metadata of, it
@@ -206,6 +210,18 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 		}
 	}
 	return append(out, unaccounted(orig, cs, r, bases)...)
+}
+
+// acceptedSymlink reports whether the symlink at q (none: "") is what
+// its base says: the sandbox never saw a symlink where it changed things
+// beneath, so that base is one Resolve recorded.
+func acceptedSymlink(orig *tree, bases map[string]layers.Signature, q string) bool {
+	if q == "" {
+		return false
+	}
+	base, ok := bases[q]
+	st, err := orig.lstat(q)
+	return ok && err == nil && layers.SignatureOf(&st) == base
 }
 
 // entriesOnly reports whether the change c is of a directory the

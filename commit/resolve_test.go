@@ -144,6 +144,20 @@ func TestResolveRefuses(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
 	assert.ElementsMatch(t, []Conflict{want[0], want[2]}, ce.Conflicts)
+
+	// Once the directory's conflict is resolved (the sandbox's directory
+	// replaces the symlink), what is beneath it is no conflict: the
+	// commit makes d and puts d/a in it; d.real is left alone.
+	_, left, err = Resolve(s.cfg, []string{"d"})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	b, err := os.ReadFile(filepath.Join(s.orig, "d", "a"))
+	require.NoError(t, err)
+	assert.Equal(t, "sandbox", string(b))
+	b, err = os.ReadFile(filepath.Join(s.orig, "d.real", "a"))
+	require.NoError(t, err)
+	assert.Equal(t, "a", string(b))
 }
 
 // TestResolveSurvivesAnUndo: a commit of a resolved sandbox that is undone
