@@ -326,6 +326,17 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 			s.remove("n")
 			s.mkdir("g")
 		}, "m , D g, A g, D g/f, D g/keep", false},
+		{"exchanged with a file, which is removed in its place", func(s *diffSandbox) {
+			// (seed 586386707 of TestDifferential: the removal of the
+			// file names g, the directory's place, with the file's type)
+			s.exchange("g", "q")
+			s.remove("g")
+			s.create("x", "new\n")
+			s.rename("x", "q/f")
+			s.remove("q/keep")
+			s.remove("q/f")
+			s.remove("q")
+		}, "D g, D g/f, D g/keep, D q", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

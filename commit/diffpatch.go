@@ -268,10 +268,13 @@ func StatusListing(cfg layers.Config, cs layers.ChangeSet) ([]layers.Change, err
 	out := slices.Clone(listing)
 	var walked []string // the directories read beneath so far
 	for _, c := range listing {
-		if c.Type != "dir" && c.Kind != layers.Modified || c.Kind == layers.Renamed {
+		if c.Type != "dir" && c.Kind != layers.Modified && !(c.Kind == layers.Deleted && c.Original != "") || c.Kind == layers.Renamed {
 			// Replaced no directory: a new file or link where the
 			// original has one is a change of type (Modified), and what
-			// a rename or a new object took the place of moved away.
+			// a rename or a new object took the place of moved away. (A
+			// removal named by another path, the original object a
+			// removed one took the place of, has the removed one's type:
+			// the original there may be a directory, exchanged away.)
 			continue
 		}
 		if slices.ContainsFunc(walked, func(w string) bool { return w == "" || strings.HasPrefix(c.Path, w+"/") }) {
