@@ -163,6 +163,18 @@ func immutable(t *testing.T, p string) (unlock func()) {
 	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
 }
 
+// assertChangedDuringCommit checks err is the conflict of a commit that
+// found path changed by someone else while it ran, and undid itself.
+func assertChangedDuringCommit(t *testing.T, err error, path string) *Error {
+	t.Helper()
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorIs(t, err, ErrConflict)
+	assert.True(t, ce.RolledBack)
+	assert.Equal(t, []Conflict{{Path: path, Reason: changedDuringCommit}}, ce.Conflicts)
+	return ce
+}
+
 // TestWriteBetweenTheCheckAndTheApplyIsAConflict: the original file is
 // written to (in place, or replaced by a save) after the conflict check
 // passed and before the apply moves it into the backups: the apply sees
@@ -187,12 +199,7 @@ func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
 			want, err := os.ReadFile(p)
 			require.NoError(t, err)
 			before := snapshot(t, s.orig)
-			err = Commit(x)
-			var ce *Error
-			require.ErrorAs(t, err, &ce)
-			assert.ErrorIs(t, err, ErrConflict)
-			assert.True(t, ce.RolledBack)
-			assert.Equal(t, []Conflict{{Path: "f", Reason: "changed in the original during the commit"}}, ce.Conflicts)
+			assertChangedDuringCommit(t, Commit(x), "f")
 			assert.Equal(t, before, snapshot(t, s.orig), "the commit is undone")
 			got, err := os.ReadFile(p)
 			require.NoError(t, err)
@@ -247,12 +254,7 @@ func TestWriteDuringTheCommitIsAConflict(t *testing.T) {
 			}})
 			require.NoError(t, err)
 			before := snapshot(t, s.orig)
-			err = Commit(x)
-			var ce *Error
-			require.ErrorAs(t, err, &ce)
-			assert.ErrorIs(t, err, ErrConflict)
-			assert.True(t, ce.RolledBack)
-			assert.Equal(t, []Conflict{{Path: tc.path, Reason: "changed in the original during the commit"}}, ce.Conflicts)
+			ce := assertChangedDuringCommit(t, Commit(x), tc.path)
 			after := snapshot(t, s.orig)
 			assert.Equal(t, before["g"], after["g"], "the rest is undone")
 			if tc.open == "f" {
