@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -54,15 +55,16 @@ func (x *Txn) apply(i int) error {
 		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
 			return err
 		}
-		if strings.HasPrefix(s.Slot, "b/") { // a backup, not a directory moved aside to come back
+		if h, ok := x.held[s.Slot]; ok { // a backup, not a directory moved aside to come back
+			x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot})
+			// A write or a new object since the conflict check would go
+			// with the backups: the top now, the rest by Sync.
 			st, err := x.txn.lstat(s.Slot)
 			if err != nil {
 				return err
 			}
-			x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot, st: st})
-			if was, ok := x.checked[x.renames().original(s.Path)]; ok && !sameState(&was, &st) {
-				// Written to (or replaced) since the conflict check.
-				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			if reason := h.topChange(&st); reason != "" {
+				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: reason}}, Err: ErrConflict}
 			}
 		}
 		return nil
@@ -209,10 +211,10 @@ func (x *Txn) undo(s *step) error {
 func (x *Txn) Close() { x.close() }
 
 // Sync makes an applied transaction durable in the original (syncfs of
-// its filesystem), then checks that nobody wrote to an original object
-// the apply moved into the backups: a process that held it open may have
-// written to it during the commit, and the backups go at the commit
-// point. Such a write is a conflict, and the caller undoes the commit
+// its filesystem), then checks that the backups hold what the original
+// held right after the conflict check, and nothing more: a process that
+// held an object open may have written to it, or made an entry in a
+// directory, during the commit, and the backups go at the commit point. Such a write is a conflict, and the caller undoes the commit
 // (which puts the object back with the write). It comes before the
 // commit point: MarkCommitted calls it, and a plan commit calls it for
 // every sandbox before its own.
@@ -225,12 +227,12 @@ func (x *Txn) Sync() error {
 	}
 	var cf []Conflict
 	for _, b := range x.backups {
-		st, err := x.txn.lstat(b.slot)
+		rel, reason, err := x.held[b.slot].changedSince(x.txn, b.slot)
 		if err != nil {
 			return &Error{Stage: StageApply, Paths: []string{b.path}, Err: fmt.Errorf("the backup of %s: %w", b.path, err)}
 		}
-		if !sameState(&b.st, &st) {
-			cf = append(cf, Conflict{Path: b.path, Reason: changedDuringCommit})
+		if reason != "" {
+			cf = append(cf, Conflict{Path: path.Join(b.path, rel), Reason: reason})
 		}
 	}
 	if len(cf) > 0 {

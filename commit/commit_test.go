@@ -474,7 +474,7 @@ func TestDirectoryWhoseEntriesChangedInTheOriginal(t *testing.T) {
 		{name: "a rename replaces it",
 			sandbox: func(s *sandbox) { s.rename("d", "t") },
 			other:   func(t *testing.T, d string) { writeFile(t, filepath.Join(filepath.Dir(d), "t", "new"), "other writer") },
-			want:    []Conflict{{Path: "t", Reason: "content changed in the original"}}},
+			want:    []Conflict{{Path: "t", Reason: "content changed in the original"}, {Path: "t/new", Reason: unaccountedReason}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSandbox(t, files)

@@ -255,7 +255,8 @@ func sameAttrs(orig *tree, rel, upper string) bool {
 }
 
 // unaccounted checks the original directories a commit takes away whole
-// (deleted, or replaced by a new directory): every entry they hold must
+// (removed, or replaced by a new directory, a file, a link or a renamed
+// object): every entry they hold must
 // be one the sandbox deleted or moved away, else the commit would drop
 // it with the directory. The sandbox removed an entry if the change set
 // says so or if the sandbox changed it at all (its base signature is in the
@@ -276,15 +277,12 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 	}
 	var out []conflict
 	for _, c := range cs.Changes {
-		if c.Type != "dir" || (c.Kind != layers.Deleted && c.Kind != layers.Created) {
-			continue
-		}
-		p := conflictKey(r, c)
-		if movedAway(cs, p) {
-			continue // the original's directory there moves elsewhere, whole
+		p, ok := takesAway(r, c)
+		if !ok || movedAway(cs, p) {
+			continue // nothing replaced, or the original's directory there moves elsewhere, whole
 		}
 		names, err := orig.names(p)
-		if errors.Is(err, unix.ELOOP) {
+		if errors.Is(err, unix.ELOOP) && c.Type == "dir" && c.Kind != layers.Renamed {
 			// A symlink at p or on the way. One the sandbox replaces is
 			// expected; any other, where the change set saw a directory,
 			// means the original is changing under the commit (one the
@@ -297,13 +295,34 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 		if err != nil {
 			continue // not a directory there (any more): nothing is dropped
 		}
+		shown := c.Path
+		if c.Kind == layers.Renamed {
+			shown = r.final(p)
+		}
 		for _, n := range names {
 			if !keys[path.Join(p, n)] {
-				out = append(out, conflict{Conflict{Path: path.Join(c.Path, n), Reason: unaccountedReason}, path.Join(p, n)})
+				out = append(out, conflict{Conflict{Path: path.Join(shown, n), Reason: unaccountedReason}, path.Join(p, n)})
 			}
 		}
 	}
 	return out
+}
+
+// takesAway returns the original path whose object the change c replaces
+// or removes whole, if any: its own (removed, or replaced by a new
+// directory, a file or a link), or a rename's target. Where the original
+// has a directory there, the commit drops everything in it.
+func takesAway(r renames, c layers.Change) (string, bool) {
+	switch c.Kind {
+	case layers.Deleted, layers.Created, layers.Modified, layers.Linked:
+		return conflictKey(r, c), true
+	case layers.Renamed:
+		dir, name := layers.Split(c.Path)
+		if p := layers.Join(r.original(dir), name); p != c.From {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 const unaccountedReason = "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"

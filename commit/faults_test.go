@@ -2,7 +2,6 @@ package commit
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,87 +163,142 @@ func immutable(t *testing.T, p string) (unlock func()) {
 }
 
 // assertChangedDuringCommit checks err is the conflict of a commit that
-// found path changed by someone else while it ran, and undid itself.
-func assertChangedDuringCommit(t *testing.T, err error, path string) *Error {
+// found path changed (or made: reason) by someone else while it ran, and
+// undid itself.
+func assertChangedDuringCommit(t *testing.T, err error, path, reason string) *Error {
 	t.Helper()
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
 	assert.ErrorIs(t, err, ErrConflict)
 	assert.True(t, ce.RolledBack)
-	assert.Equal(t, []Conflict{{Path: path, Reason: changedDuringCommit}}, ce.Conflicts)
+	assert.Equal(t, []Conflict{{Path: path, Reason: reason}}, ce.Conflicts)
 	return ce
 }
 
-// TestWriteBetweenTheCheckAndTheApplyIsAConflict: the original file is
-// written to (in place, or replaced by a save) after the conflict check
-// passed and before the apply moves it into the backups: the apply sees
-// it is not what the check saw, and the commit is undone and refused.
+// TestWriteBetweenTheCheckAndTheApplyIsAConflict: after the conflict
+// check passed and before the apply moves it into the backups, another
+// writer changes what the commit replaces or removes: a file written to
+// (in place, or replaced by a save), a file made where the sandbox makes
+// one or at a rename's target, a file made or written in a directory
+// the commit removes or replaces. The backups go at the commit point, so
+// each would be lost: the commit sees it is not what the check saw, is
+// undone and refused, with --force too (which overrides what the check
+// showed, not what came after it).
 func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
-	for _, replace := range []bool{false, true} {
-		t.Run(fmt.Sprintf("replaced=%v", replace), func(t *testing.T) {
-			s := newSandbox(t, map[string]string{"a": "a", "f": "f", "z": "z"})
-			s.write("a", "sandbox a")
-			s.write("f", "sandbox")
-			s.write("z", "sandbox z")
-			s.done()
-			p := filepath.Join(s.orig, "f")
-			x, err := Prepare(s.cfg, Options{})
-			require.NoError(t, err)
-			if replace {
+	writeFile := func(p, data string) func(t *testing.T, orig string) {
+		return func(t *testing.T, orig string) {
+			require.NoError(t, os.WriteFile(filepath.Join(orig, p), []byte(data), 0o644))
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		sandbox func(s *sandbox)
+		meddle  func(t *testing.T, orig string)
+		path    string
+		reason  string
+		force   bool
+	}{
+		{"written in place", func(s *sandbox) { s.write("f", "sandbox") },
+			writeFile("f", "written meanwhile"), "f", changedDuringCommit, false},
+		{"replaced by a save", func(s *sandbox) { s.write("f", "sandbox") },
+			func(t *testing.T, orig string) {
+				p := filepath.Join(orig, "f")
 				require.NoError(t, os.WriteFile(p+".new", []byte("saved meanwhile"), 0o644))
 				require.NoError(t, os.Rename(p+".new", p))
-			} else {
-				require.NoError(t, os.WriteFile(p, []byte("written meanwhile"), 0o644))
-			}
-			want, err := os.ReadFile(p)
+			}, "f", changedDuringCommit, false},
+		{"written in place, --force", func(s *sandbox) { s.write("f", "sandbox") },
+			writeFile("f", "written meanwhile"), "f", changedDuringCommit, true},
+		{"made where the sandbox makes one", func(s *sandbox) { s.write("n", "sandbox") },
+			writeFile("n", "made meanwhile"), "n", madeDuringCommit, false},
+		{"made at a rename's target", func(s *sandbox) { s.rename("f", "g") },
+			writeFile("g", "made meanwhile"), "g", madeDuringCommit, false},
+		{"made in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
+			writeFile("d/s/new", "made meanwhile"), "d/s/new", madeDuringCommit, false},
+		{"written in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
+			writeFile("d/s/f", "written meanwhile"), "d/s/f", changedDuringCommit, false},
+		{"made in a directory the sandbox replaces by a file", func(s *sandbox) {
+			s.remove("d/s/f")
+			s.remove("d/s")
+			s.remove("d/a")
+			s.remove("d")
+			s.write("d", "sandbox")
+		}, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, false},
+		{"made in a directory a rename replaces", func(s *sandbox) {
+			s.remove("d/s/f")
+			s.remove("d/s")
+			s.remove("d/a")
+			s.rename("e", "d")
+		}, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, false},
+		{"made in a directory the sandbox replaces by a new one, --force", func(s *sandbox) {
+			s.remove("d/s/f")
+			s.remove("d/s")
+			s.remove("d/a")
+			s.remove("d")
+			s.mkdir("d")
+		}, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"a": "a", "f": "f", "d/a": "a", "d/s/f": "f", "e/y": "y", "z": "z"})
+			s.write("a", "sandbox a")
+			tc.sandbox(s)
+			s.write("z", "sandbox z")
+			s.done()
+			x, err := Prepare(s.cfg, Options{Force: tc.force})
 			require.NoError(t, err)
+			tc.meddle(t, s.orig)
 			before := snapshot(t, s.orig)
-			assertChangedDuringCommit(t, Commit(x), "f")
-			assert.Equal(t, before, snapshot(t, s.orig), "the commit is undone")
-			got, err := os.ReadFile(p)
-			require.NoError(t, err)
-			assert.Equal(t, string(want), string(got))
+			assertChangedDuringCommit(t, Commit(x), tc.path, tc.reason)
+			assert.Equal(t, before, snapshot(t, s.orig), "the commit is undone, the other writer's change kept")
 			require.Error(t, commitAll(t, s.cfg, Options{}), "the next commit refuses too")
 		})
 	}
 }
 
-// TestWriteDuringTheCommitIsAConflict: a process that held an original
-// file open writes to it while the commit runs, after the apply moved the
-// file into the backups; another makes a file in an original directory
-// the commit removes. Both would go with the backups at the commit point.
-// The commit sees the backups changed before it: a conflict, undone, the
+// TestWriteDuringTheCommitIsAConflict: processes that held original
+// objects open change them while the commit runs, after the apply moved
+// them into the backups: a file written through a descriptor, a file
+// made in a directory the commit removes, a file in such a directory
+// written. Each would go with the backups at the commit point. The
+// commit sees the backups changed before it: a conflict, undone, the
 // original as the writers left it.
 func TestWriteDuringTheCommitIsAConflict(t *testing.T) {
+	removeD := func(s *sandbox) { s.remove("d/a"); s.remove("d") }
 	for _, tc := range []struct {
 		name   string
 		change func(s *sandbox)
+		open   string // what the writer holds open (O_WRONLY for a file)
 		write  func(t *testing.T, fd int)
 		path   string
-		open   string
+		reason string
+		want   map[string]string // in the original after the undo
 	}{
-		{"a file written through a descriptor", func(s *sandbox) { s.write("f", "sandbox") },
+		{"a file written through a descriptor", func(s *sandbox) { s.write("f", "sandbox") }, "f",
 			func(t *testing.T, fd int) {
 				_, err := unix.Pwrite(fd, []byte("written during the commit"), 0)
 				require.NoError(t, err)
-			}, "f", "f"},
-		{"a file made in a directory", func(s *sandbox) { s.remove("d/a"); s.remove("d") },
+			}, "f", changedDuringCommit, map[string]string{"f": "written during the commit"}},
+		{"a file made in a directory", removeD, "d",
 			func(t *testing.T, fd int) {
 				nfd, err := unix.Openat(fd, "made during the commit", unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
 				require.NoError(t, err)
 				unix.Close(nfd)
-			}, "d", "d"},
+			}, "d/made during the commit", madeDuringCommit, map[string]string{"d/made during the commit": "", "d/a": "a"}},
+		{"a file in a removed directory written", removeD, "d/a",
+			func(t *testing.T, fd int) {
+				_, err := unix.Pwrite(fd, []byte("written during the commit"), 0)
+				require.NoError(t, err)
+			}, "d/a", changedDuringCommit, map[string]string{"d/a": "written during the commit"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSandbox(t, map[string]string{"f": "f", "d/a": "a", "g": "g"})
 			tc.change(s)
 			s.write("g", "sandbox g")
 			s.done()
-			fd, err := unix.Open(filepath.Join(s.orig, tc.open), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if tc.open == "f" {
-				unix.Close(fd)
-				fd, err = unix.Open(filepath.Join(s.orig, tc.open), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			flags := unix.O_WRONLY
+			if tc.open == "d" {
+				flags = unix.O_RDONLY
 			}
+			fd, err := unix.Open(filepath.Join(s.orig, tc.open), flags|unix.O_CLOEXEC, 0)
 			require.NoError(t, err)
 			defer unix.Close(fd)
 			x, err := Prepare(s.cfg, Options{Fault: func(point string) {
@@ -254,16 +308,13 @@ func TestWriteDuringTheCommitIsAConflict(t *testing.T) {
 			}})
 			require.NoError(t, err)
 			before := snapshot(t, s.orig)
-			ce := assertChangedDuringCommit(t, Commit(x), tc.path)
+			ce := assertChangedDuringCommit(t, Commit(x), tc.path, tc.reason)
 			after := snapshot(t, s.orig)
 			assert.Equal(t, before["g"], after["g"], "the rest is undone")
-			if tc.open == "f" {
-				b, err := os.ReadFile(filepath.Join(s.orig, "f"))
+			for p, want := range tc.want {
+				b, err := os.ReadFile(filepath.Join(s.orig, p))
 				require.NoError(t, err)
-				assert.Equal(t, "written during the commit", string(b), "the write is in the original")
-			} else {
-				assert.FileExists(t, filepath.Join(s.orig, "d", "made during the commit"))
-				assert.FileExists(t, filepath.Join(s.orig, "d", "a"))
+				assert.Equal(t, want, string(b), "%s is in the original as the writer left it", p)
 			}
 			// The undo does not take the written object for the base:
 			// the next commit refuses too.

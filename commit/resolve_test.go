@@ -57,6 +57,16 @@ func TestResolve(t *testing.T) {
 			sandbox: func(s *sandbox) { s.remove("d/a"); s.remove("d") },
 			other:   func(t *testing.T, orig string) { writeFile(t, filepath.Join(orig, "d/x"), "other writer") },
 			paths:   []string{"d/x"}, reasons: 1, want: map[string]string{"f": "f", "g": "g"}},
+		// What the commit drops with a directory the original put in a
+		// file's place is named too, and resolved on its own.
+		{name: "a file it changed, replaced by a directory in the original",
+			sandbox: func(s *sandbox) { s.write("f", "sandbox") },
+			other:   func(t *testing.T, orig string) { fileToDir(t, filepath.Join(orig, "f")) },
+			paths:   []string{"f", "f/x"}, reasons: 2, want: map[string]string{"d": "", "d/a": "a", "f": "sandbox", "g": "g"}},
+		{name: "a file it removed, replaced by a directory in the original",
+			sandbox: func(s *sandbox) { s.remove("g") },
+			other:   func(t *testing.T, orig string) { fileToDir(t, filepath.Join(orig, "g")) },
+			paths:   []string{"g", "g/x"}, reasons: 2, want: map[string]string{"d": "", "d/a": "a", "f": "f"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSandbox(t, map[string]string{"f": "f", "g": "g", "d/a": "a"})
@@ -98,6 +108,14 @@ func TestResolve(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// fileToDir replaces the file p by a directory holding a file x.
+func fileToDir(t *testing.T, p string) {
+	t.Helper()
+	require.NoError(t, os.Remove(p))
+	require.NoError(t, os.Mkdir(p, 0o755))
+	writeFile(t, filepath.Join(p, "x"), "other writer")
 }
 
 func TestResolveThenTheOriginalChangesAgain(t *testing.T) {

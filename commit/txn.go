@@ -47,39 +47,14 @@ type Txn struct {
 	// transaction directory, as they were then (Sync checks nobody
 	// wrote to them since).
 	backups []backupObj
-	// checked is what the original held, right after the conflict check,
-	// at each original path of a non-directory the changes replace or
-	// remove (the apply refuses to back up another state of it).
-	checked map[string]unix.Stat_t
-	r       *renames // of changes, made on first use
-}
-
-// checkedState records what the original holds at each original path of
-// a non-directory the change set replaces or removes (its own, and a
-// rename's target).
-func checkedState(orig *tree, cs layers.ChangeSet) map[string]unix.Stat_t {
-	r := newRenames(cs)
-	out := map[string]unix.Stat_t{}
-	note := func(p string) {
-		if there, st, err := orig.inTree(p); err == nil && there && st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			out[p] = st
-		}
-	}
-	for _, c := range cs.Changes {
-		note(conflictKey(r, c))
-		if c.Kind == layers.Renamed {
-			dir, name := layers.Split(c.Path)
-			note(layers.Join(r.original(dir), name))
-		}
-	}
-	return out
+	// held is what the original held right after the conflict check
+	// where the apply backs up, by backup slot (held.go).
+	held map[string]held
+	r    *renames // of changes, made on first use
 }
 
 // backupObj is an original object an apply moved from path to slot.
-type backupObj struct {
-	path, slot string
-	st         unix.Stat_t
-}
+type backupObj struct{ path, slot string }
 
 // restoredObj is an original object an undo moved back to path (moved: a
 // renamed directory moved aside first, at its original path).
@@ -161,10 +136,12 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	}
 	cs = withMissingDirs(x.orig, cs, opt.Force, resolved)
 	x.changes = cs.Changes
-	if !opt.Force {
-		x.checked = checkedState(x.orig, cs)
+	steps := plan(cs)
+	if x.held, err = heldObjects(x.orig, steps, newRenames(cs)); err != nil {
+		x.closeTrees()
+		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
-	if err := x.stage(cs); err != nil {
+	if err := x.stage(cs, steps); err != nil {
 		x.discardStage()
 		x.closeTrees()
 		return nil, &Error{Stage: StagePrepare, Err: err}
@@ -251,9 +228,9 @@ func txnDirFor(cfg layers.Config, id string, inWork bool) string {
 	return filepath.Join(cfg.Lowers[0], ".sbxfs-txn-"+id)
 }
 
-// stage plans the steps, makes the transaction directory and puts every
-// new object into it, durably.
-func (x *Txn) stage(cs layers.ChangeSet) error {
+// stage makes the transaction directory for the planned steps and puts
+// every new object into it, durably.
+func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 	dir, sameFS, err := x.txnDir()
 	if err != nil {
 		return err
@@ -278,7 +255,7 @@ func (x *Txn) stage(cs layers.ChangeSet) error {
 		return err
 	}
 	r := newRenames(cs)
-	x.log.Steps = plan(cs)
+	x.log.Steps = steps
 	staged := map[[2]uint64]*step{} // upper inode -> its first install
 	for i := range x.log.Steps {
 		if err := x.fill(&x.log.Steps[i], r, sameFS, staged); err != nil {
