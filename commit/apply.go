@@ -23,10 +23,12 @@ func (x *Txn) Apply() (err error) {
 			err = &Error{Stage: StageApply, Err: fmt.Errorf("panic: %v", r)}
 		}
 	}()
+	x.applying = true
 	for i := range x.log.Steps {
 		if i == len(x.log.Steps)/2 {
 			x.fault("applying")
 		}
+		x.reached = i + 1
 		if err := x.apply(i); err != nil {
 			s := &x.log.Steps[i]
 			var ce *Error
@@ -45,29 +47,39 @@ func (x *Txn) apply(i int) error {
 	s := &x.log.Steps[i]
 	switch s.Kind {
 	case opDetach:
-		ok, _, err := x.orig.exists(s.Path)
+		ok, before, err := x.orig.exists(s.Path)
 		if errors.Is(err, unix.ELOOP) && x.replacedAbove(i) {
 			return nil // beneath a directory this commit replaced by a symlink
 		}
 		if err != nil || !ok {
 			return err
 		}
-		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
-			return err
-		}
-		if h, ok := x.held[s.Slot]; ok { // a backup, not a directory moved aside to come back
-			x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot})
-			// A write or a new object since the conflict check would go
-			// with the backups: the top now, the rest by Sync.
-			st, err := x.txn.lstat(s.Slot)
-			if err != nil {
-				return err
-			}
-			if reason := h.topChange(&st); reason != "" {
+		h, backup := x.held[s.Slot] // else a directory moved aside to come back
+		if backup {
+			// A write, an attribute or a new object since the conflict
+			// check would go with the backups: the top now, what is
+			// beneath a directory by Sync.
+			if reason := h.topChange(x.own, &before); reason != "" {
+				x.reached = i // nothing done: nothing to undo
 				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: reason}}, Err: ErrConflict}
 			}
 		}
-		return nil
+		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
+			return err
+		}
+		if !backup {
+			return nil
+		}
+		x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot})
+		after, err := x.txn.lstat(s.Slot)
+		if err != nil {
+			return err
+		}
+		if after.Mode&unix.S_IFMT != unix.S_IFDIR && !sameState(&before, &after) {
+			// Written to between the look and the move.
+			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+		}
+		return x.own.note(x.txn, s.Slot)
 	case opInstall:
 		if err := stripAttrs(x.txn, s); err != nil {
 			return err
@@ -81,7 +93,20 @@ func (x *Txn) apply(i int) error {
 		}
 		return move(x.txn, s.Slot, x.orig, s.Path)
 	case opMeta:
-		return x.orig.setMeta(s.Path, s.New)
+		if h, ok := x.held[metaKey(s.Path)]; ok && h.there {
+			// The original's own object (not one this commit put
+			// there) must be as the check saw it: the sandbox's
+			// metadata would replace someone else's mode, owner or
+			// attributes, or go on a file written since.
+			if st, err := x.orig.lstat(s.Path); err == nil && st.Ino == h.st.Ino && !unchanged(x.own.expect(&h.st), &st) {
+				x.reached = i // nothing done: its undo would set the old metadata over the other writer's
+				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			}
+		}
+		if err := x.orig.setMeta(s.Path, s.New); err != nil {
+			return err
+		}
+		return x.own.note(x.orig, s.Path)
 	}
 	return fmt.Errorf("unknown step %q", s.Kind)
 }
@@ -101,7 +126,8 @@ func (x *Txn) replacedAbove(i int) bool {
 
 // Undo puts the original back as it was before Apply, in reverse order,
 // checking each step against what it finds, so it is safe after a partial
-// Apply, after a crash, and when run twice. It goes on past a failed step;
+// Apply, after a crash, and when run twice. After this process's Apply it
+// skips the steps Apply never reached. It goes on past a failed step;
 // when any fails, the transaction directory (with the backups) is kept and
 // the error lists what could not be restored.
 func (x *Txn) Undo() error {
@@ -114,6 +140,9 @@ func (x *Txn) Undo() error {
 	for i := len(x.log.Steps) - 1; i >= 0; i-- {
 		if i == len(x.log.Steps)/2 {
 			x.fault("undoing")
+		}
+		if x.applying && i >= x.reached {
+			continue // never reached by this process's Apply
 		}
 		s := &x.log.Steps[i]
 		if err := x.undo(s); err != nil {
@@ -193,12 +222,14 @@ func (x *Txn) undo(s *step) error {
 			return err
 		}
 		defer unix.Close(fd)
+		var was unix.Stat_t
+		untouched := unix.Fstat(fd, &was) == nil && x.own.untouched(&was)
 		if err := move(x.txn, s.Slot, x.orig, s.Path); err != nil {
 			return err
 		}
 		var st unix.Stat_t
 		if unix.Fstat(fd, &st) == nil {
-			x.restored = append(x.restored, restoredObj{path: s.Path, moved: strings.HasPrefix(s.Slot, "m/"), sig: layers.SignatureOf(&st)})
+			x.restored = append(x.restored, restoredObj{path: s.Path, moved: strings.HasPrefix(s.Slot, "m/"), sig: layers.SignatureOf(&st), untouched: untouched})
 		}
 		return nil
 	}
@@ -227,7 +258,7 @@ func (x *Txn) Sync() error {
 	}
 	var cf []Conflict
 	for _, b := range x.backups {
-		rel, reason, err := x.held[b.slot].changedSince(x.txn, b.slot)
+		rel, reason, err := x.held[b.slot].changedSince(x.txn, b.slot, x.own)
 		if err != nil {
 			return &Error{Stage: StageApply, Paths: []string{b.path}, Err: fmt.Errorf("the backup of %s: %w", b.path, err)}
 		}

@@ -190,6 +190,11 @@ func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
 			require.NoError(t, os.WriteFile(filepath.Join(orig, p), []byte(data), 0o644))
 		}
 	}
+	setAttr := func(p string) func(t *testing.T, orig string) {
+		return func(t *testing.T, orig string) {
+			require.NoError(t, unix.Setxattr(filepath.Join(orig, p), "user.other", []byte("set meanwhile"), 0))
+		}
+	}
 	for _, tc := range []struct {
 		name    string
 		sandbox func(s *sandbox)
@@ -208,6 +213,12 @@ func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
 			}, "f", changedDuringCommit, false},
 		{"written in place, --force", func(s *sandbox) { s.write("f", "sandbox") },
 			writeFile("f", "written meanwhile"), "f", changedDuringCommit, true},
+		{"an attribute set", func(s *sandbox) { s.write("f", "sandbox") },
+			setAttr("f"), "f", changedDuringCommit, false},
+		{"an attribute set on a file whose mode the sandbox changes", func(s *sandbox) { s.chmod("f", 0o600) },
+			setAttr("f"), "f", changedDuringCommit, false},
+		{"an attribute set in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
+			setAttr("d/s/f"), "d/s/f", changedDuringCommit, false},
 		{"made where the sandbox makes one", func(s *sandbox) { s.write("n", "sandbox") },
 			writeFile("n", "made meanwhile"), "n", madeDuringCommit, false},
 		{"made at a rename's target", func(s *sandbox) { s.rename("f", "g") },
@@ -321,6 +332,40 @@ func TestWriteDuringTheCommitIsAConflict(t *testing.T) {
 			err = commitAll(t, s.cfg, Options{})
 			require.ErrorAs(t, err, &ce, "the retry must see the write as a conflict")
 			assert.ErrorIs(t, err, ErrConflict)
+		})
+	}
+}
+
+// TestCommitOverOriginalHardLinks: the apply's own steps change an
+// original inode that has another name beneath a directory the commit
+// removes (moved into the backups: its ctime; given the sandbox's mode:
+// its mode and ctime). What the commit did itself is no change by
+// someone else: it commits.
+func TestCommitOverOriginalHardLinks(t *testing.T) {
+	removeD := func(s *sandbox) {
+		s.remove("d/s/f")
+		s.remove("d/s/g")
+		s.remove("d/s")
+		s.remove("d")
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(s *sandbox)
+	}{
+		{"one name written", func(s *sandbox) { s.write("f", "sandbox") }},
+		{"one name chmodded", func(s *sandbox) { s.chmod("f", 0o600) }},
+		{"one name given an attribute", func(s *sandbox) { s.setxattr("f", "user.sandbox", "x") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"f": "f", "d/s/g": "g"})
+			for _, root := range []string{s.orig, s.ref} {
+				require.NoError(t, os.Link(filepath.Join(root, "f"), filepath.Join(root, "d/s/f")))
+			}
+			tc.change(s)
+			removeD(s)
+			s.done()
+			require.NoError(t, commitAll(t, s.cfg, Options{}))
+			assert.NoDirExists(t, filepath.Join(s.orig, "d"))
 		})
 	}
 }

@@ -13,10 +13,12 @@ import (
 )
 
 // held is what the original held, right after the conflict check, at a
-// path the apply moves into the backups: nothing, a non-directory, or a
-// directory with everything beneath it. The backups go at the commit
-// point, so the apply and Sync refuse to back up anything else: a write
-// or a new entry made since would be lost with them.
+// path the apply moves into the backups or changes the metadata of:
+// nothing, a non-directory, or a directory with everything beneath it.
+// The backups go at the commit point, so the apply and Sync refuse to
+// back up anything else: a write, an attribute or a new entry made since
+// would be lost with them; and the apply refuses to set the sandbox's
+// metadata over someone else's.
 type held struct {
 	there bool
 	st    unix.Stat_t
@@ -26,19 +28,25 @@ type held struct {
 }
 
 // heldObjects records what the original holds at the path of each step
-// that moves an object into the backups, by the step's slot. Beneath a
+// that moves an object into the backups (by the step's slot) or sets the
+// metadata of an original non-directory (by metaKey). Beneath a
 // directory recorded whole, whose detach comes first and takes what is
 // beneath it, a later detach must find nothing.
 func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 	out := map[string]held{}
 	dirs := map[string]string{} // final path -> original path, of directories recorded whole
 	for _, s := range steps {
-		if s.Kind != opDetach || !strings.HasPrefix(s.Slot, "b/") {
-			continue
-		}
-		p := backedUpFrom(r, s.Path)
-		if within(dirs, s.Path, p) {
-			out[s.Slot] = held{}
+		var key, p string
+		switch {
+		case s.Kind == opDetach && strings.HasPrefix(s.Slot, "b/"):
+			key, p = s.Slot, backedUpFrom(r, s.Path)
+			if within(dirs, s.Path, p) {
+				out[key] = held{}
+				continue
+			}
+		case s.Kind == opMeta:
+			key, p = metaKey(s.Path), r.original(s.Path)
+		default:
 			continue
 		}
 		var h held
@@ -48,15 +56,20 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 		}
 		h.there, h.st = there, st
 		if there && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if s.Kind == opMeta {
+				continue // its entries change with the commit; see the conflict check
+			}
 			if h.beneath, err = walkBeneath(orig, p); err != nil {
 				return nil, err
 			}
 			dirs[s.Path] = p
 		}
-		out[s.Slot] = h
+		out[key] = h
 	}
 	return out, nil
 }
+
+func metaKey(p string) string { return "meta:" + p }
 
 // within reports whether the object at original path o, detached at
 // final path p, is beneath a directory of dirs: one at an ancestor of p
@@ -70,6 +83,59 @@ func within(dirs map[string]string, p, o string) bool {
 	return false
 }
 
+// ownState is the state the apply's own steps left on original inodes
+// (moved into the backups, given the sandbox's metadata): what to expect
+// of them since, rather than what the check saw. A hard link of the
+// original shows one inode at several paths.
+type ownState map[uint64]unix.Stat_t
+
+// note records what t has at rel now as the apply's own doing.
+func (o ownState) note(t *tree, rel string) error {
+	st, err := t.lstat(rel)
+	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		o[st.Ino] = st
+	}
+	return err
+}
+
+// expect is the state to expect of the object the check saw as st.
+func (o ownState) expect(st *unix.Stat_t) *unix.Stat_t {
+	if own, ok := o[st.Ino]; ok {
+		return &own
+	}
+	return st
+}
+
+// untouched reports whether st, an object the apply moved, is as the
+// apply left it. Without a record (a directory, whose entries are
+// checked on their own, or an undo after a crash, which has none) it is
+// taken to be.
+func (o ownState) untouched(st *unix.Stat_t) bool {
+	own, ok := o[st.Ino]
+	return !ok || unchanged(&own, st)
+}
+
+// applied reports whether the apply's own steps changed the non-directory
+// st (whose ctime then moved), or cannot tell (an undo after a crash).
+func (o ownState) applied(st *unix.Stat_t) bool {
+	if o == nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return true
+	}
+	_, ok := o[st.Ino]
+	return ok
+}
+
+// unchanged reports whether now is the object was describes, untouched:
+// for a directory the same inode (its entries are compared one by one:
+// the apply moves some out), for anything else also the same mode, size,
+// mtime and ctime (an attribute or owner set moves only the ctime).
+func unchanged(was, now *unix.Stat_t) bool {
+	if was.Mode&unix.S_IFMT == unix.S_IFDIR && now.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return was.Ino == now.Ino
+	}
+	return sameState(was, now) && was.Ctim == now.Ctim
+}
+
 // backedUpFrom is the original path of the object a detach at the final
 // path p finds: what the original has under p's name in p's directory
 // (a renamed directory's new path holds what the original has there,
@@ -80,11 +146,11 @@ func backedUpFrom(r renames, p string) string {
 }
 
 // changedSince returns the path, relative to the backed-up object, of
-// the first thing t holds at rel that is not what h records, with the
-// reason; "", "" when nothing changed. Objects gone are no change (the
-// apply moves renamed directories out first; what another writer took
-// away is not lost).
-func (h held) changedSince(t *tree, rel string) (string, string, error) {
+// the first thing t holds at rel that is not what h records (or what the
+// apply itself left there: own), with the reason; "", "" when nothing
+// changed. Objects gone are no change (the apply moves renamed
+// directories out first; what another writer took away is not lost).
+func (h held) changedSince(t *tree, rel string, own ownState) (string, string, error) {
 	st, err := t.lstat(rel)
 	if errors.Is(err, unix.ENOENT) {
 		return "", "", nil
@@ -92,7 +158,7 @@ func (h held) changedSince(t *tree, rel string) (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if reason := h.topChange(&st); reason != "" || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+	if reason := h.topChange(own, &st); reason != "" || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return "", reason, nil
 	}
 	now, err := walkBeneath(t, rel)
@@ -101,16 +167,10 @@ func (h held) changedSince(t *tree, rel string) (string, string, error) {
 	}
 	var first, why string
 	for p, st := range now {
-		was, ok := h.beneath[p]
 		reason := ""
-		switch {
-		case !ok:
+		if was, ok := h.beneath[p]; !ok {
 			reason = madeDuringCommit
-		case st.Mode&unix.S_IFMT == unix.S_IFDIR && was.Mode&unix.S_IFMT == unix.S_IFDIR:
-			if st.Ino != was.Ino {
-				reason = changedDuringCommit
-			}
-		case !sameState(&was, &st):
+		} else if !unchanged(own.expect(&was), &st) {
 			reason = changedDuringCommit
 		}
 		if reason != "" && (first == "" || p < first) {
@@ -121,17 +181,12 @@ func (h held) changedSince(t *tree, rel string) (string, string, error) {
 }
 
 // topChange says how now is not the object h records at the top ("": it
-// is): for a directory, another inode (its entries are compared one by
-// one), for anything else another state.
-func (h held) topChange(now *unix.Stat_t) string {
+// is, or what the apply's own steps made of it).
+func (h held) topChange(own ownState, now *unix.Stat_t) string {
 	switch {
 	case !h.there:
 		return madeDuringCommit
-	case now.Mode&unix.S_IFMT == unix.S_IFDIR && h.st.Mode&unix.S_IFMT == unix.S_IFDIR:
-		if now.Ino != h.st.Ino {
-			return changedDuringCommit
-		}
-	case !sameState(&h.st, now):
+	case !unchanged(own.expect(&h.st), now):
 		return changedDuringCommit
 	}
 	return ""

@@ -54,12 +54,12 @@ func (x *Txn) rebase() error {
 		}
 	}
 	r := newRenames(cs)
-	restored := map[string]layers.Signature{}
+	restored := map[string]restoredObj{}
 	for _, o := range x.restored {
 		if o.moved {
-			restored[o.path] = o.sig
+			restored[o.path] = o
 		} else {
-			restored[r.original(o.path)] = o.sig
+			restored[r.original(o.path)] = o
 		}
 	}
 	for _, c := range cs.Changes {
@@ -71,13 +71,17 @@ func (x *Txn) rebase() error {
 		if !ok || base == resolvedGone {
 			continue
 		}
-		if sig, ok := restored[p]; ok {
+		if o, ok := restored[p]; ok {
 			// What the undo moved back is that object, but someone may
-			// have written to it while it was in the backups.
-			if leftAlone(base, sig) {
-				over[p] = sig
+			// have written to it, or set an attribute or owner on it
+			// (its ctime), while it was in the backups.
+			if o.untouched && leftAlone(base, o.sig) {
+				over[p] = o.sig
 			}
-		} else if there, st, err := x.orig.exists(p); err == nil && there && undoLeftAlone(base, &st) {
+		} else if there, st, err := x.orig.exists(p); err == nil && there && x.own.applied(&st) && undoLeftAlone(base, &st) {
+			// A file the apply never changed has the base's ctime
+			// still, unless someone else changed it: that stays a
+			// conflict.
 			over[p] = layers.SignatureOf(&st)
 		}
 	}

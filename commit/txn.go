@@ -50,7 +50,12 @@ type Txn struct {
 	// held is what the original held right after the conflict check
 	// where the apply backs up, by backup slot (held.go).
 	held map[string]held
-	r    *renames // of changes, made on first use
+	own  ownState // what the apply's own steps left on original inodes
+	// applying: Apply ran in this process, and reached is the number of
+	// steps it began (Undo skips the rest; after a crash it undoes all).
+	applying bool
+	reached  int
+	r        *renames // of changes, made on first use
 }
 
 // backupObj is an original object an apply moved from path to slot.
@@ -62,6 +67,9 @@ type restoredObj struct {
 	path  string
 	moved bool
 	sig   layers.Signature
+	// untouched: nobody changed it while it was in the backups (as far
+	// as this process knows: ownState.untouched).
+	untouched bool
 }
 
 // lockSandbox takes the sandbox's commit lock: one commit, rollback or
@@ -137,6 +145,7 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	cs = withMissingDirs(x.orig, cs, opt.Force, resolved)
 	x.changes = cs.Changes
 	steps := plan(cs)
+	x.own = ownState{}
 	if x.held, err = heldObjects(x.orig, steps, newRenames(cs)); err != nil {
 		x.closeTrees()
 		return nil, &Error{Stage: StagePrepare, Err: err}

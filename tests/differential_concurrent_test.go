@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -47,6 +48,78 @@ func TestDifferentialConcurrentCommit(t *testing.T) {
 	}
 }
 
+// TestDifferentialWriteDuringCommit: TestDifferentialConcurrentCommit's
+// other writer acts while the commit runs, after the conflict check
+// passed and the new objects are staged, before the apply's first step
+// (commit.Options.Fault "staged"): its changes land where the apply
+// backs up, in directories the commit removes or replaces, anywhere.
+// The commit runs in this process, over the sandbox unmounted; odd seeds
+// give the original hard links. Nothing anyone wrote is lost: the commit succeeds and keeps every file
+// the other writer wrote (as TestDifferentialConcurrentCommit checks), or
+// it refuses or fails, undone, and the original is exactly as the other
+// writer left it.
+func TestDifferentialWriteDuringCommit(t *testing.T) {
+	seeds := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	if *flagSeed != 0 {
+		seeds = []int64{diffSeed(t)}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialWriteDuringCommit$' -seed %d -diff.ops %d)", seed, seed, *flagDiffOps)
+			writeDuringCommit(t, seed, max(*flagDiffOps/50, 20))
+		})
+	}
+}
+
+func writeDuringCommit(t *testing.T, seed int64, ops int) {
+	// Odd seeds give the original hard links: the apply's own steps then
+	// change inodes seen at other paths too.
+	r := newDiffRunGuard(t, seed, false, seed%2 == 1 && !*flagDiffNoLinks, *flagDiffOpSet)
+	r.run(ops)
+	r.compareTrees("before the commit")
+	r.closeFds()
+	r.links.release()
+	if err := r.sb.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var wrote []otherWrite
+	var touched map[string]bool
+	var left map[string]nodeInfo
+	x, err := commit.Prepare(r.sb.layersConfig(), commit.Options{Fault: func(point string) {
+		if point != "staged" {
+			return
+		}
+		wrote, touched = r.otherWriter()
+		var err error
+		if left, err = walkTree(r.sb.orig, unchangedOpts); err != nil {
+			t.Fatal(err)
+		}
+	}})
+	if err != nil {
+		r.fail("", "prepare the commit (the original is unchanged until the check is done): %v", err)
+	}
+	if left == nil {
+		return // no changes: nothing staged, nothing for the other writer to meet
+	}
+	err = commit.Commit(x)
+	t.Logf("commit: %v", err)
+	if err == nil {
+		r.checkCommitted(wrote, touched)
+		return
+	}
+	var ce *commit.Error
+	if !errors.As(err, &ce) || !ce.RolledBack {
+		r.fail("", "the commit failed without being undone: %v", err)
+	}
+	now, werr := walkTree(r.sb.orig, unchangedOpts)
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	if d := diffTrees(left, now, 25); len(d) > 0 {
+		r.fail("", "an undone commit changed the original (want = as the other writer left it; %v):\n  %s", err, strings.Join(d, "\n  "))
+	}
+}
+
 // otherWrite is what the other writer left in the original: a file with
 // this content and mode, at (or moved from) paths.
 type otherWrite struct {
@@ -64,8 +137,80 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 	r.closeFds()
 	r.links.release()
 
-	// The other writer: a few changes to original files and directories
-	// the original has now, drawn from the same seed.
+	wrote, touched := r.otherWriter()
+	left, err := walkTree(r.sb.orig, unchangedOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "concurrent", r.sb.mnt)
+	code := exitCode(err)
+	t.Logf("sbxfs commit: exit %d\n%s", code, out)
+	switch code {
+	case exitConflictCode:
+		now, err := walkTree(r.sb.orig, unchangedOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := diffTrees(left, now, 25); len(d) > 0 {
+			r.fail("", "a refused commit changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
+		}
+		// --force lets the sandbox win where the commit named a
+		// conflict, and nowhere else: what the other writer did away
+		// from every named path stays. Or it fails as a whole.
+		named := r.conflictPaths(string(out))
+		how := "commit --force"
+		args := []string{"commit", "--force", "-m", "concurrent", r.sb.mnt}
+		if seed%2 == 0 {
+			// Or every conflict resolved in the sandbox's favour, then
+			// a plain commit: the same outcome as --force, or a
+			// refusal before anything is recorded.
+			how = "resolve, then commit"
+			if !r.resolveAll(left) {
+				return
+			}
+			args = []string{"commit", "-m", "concurrent", r.sb.mnt}
+		}
+		wins := r.sandboxWins(string(out))
+		out, err = runTimeout(60*time.Second, cliBin, args...)
+		t.Logf("then %s: exit %d\n%s", how, exitCode(err), out)
+		if err != nil {
+			// Where the other writer moved or removed a directory the
+			// sandbox changes things in, or moves, the commit makes
+			// the sandbox's directory anew: nothing here stops it.
+			if now, werr := walkTree(r.sb.orig, unchangedOpts); werr == nil {
+				if d := diffTrees(left, now, 25); len(d) > 0 {
+					t.Logf("and it changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
+				}
+			}
+			r.fail("", "sbxfs %s after the conflicts %q: %v\n%s", how, named, err, out)
+		}
+		var kept []otherWrite
+		for _, w := range wrote {
+			if !coveredBy(w.paths, named) {
+				kept = append(kept, w)
+			}
+		}
+		got := r.checkKept(kept, how)
+		for p, sum := range wins {
+			if n, ok := got[p]; !ok || !isRegularInfo(n) || n.Hash != sum {
+				r.fail("", "%s: the conflict %s was not settled with the sandbox's file (want its content in the original)", how, p)
+			}
+		}
+		return
+	case 0:
+	default:
+		r.fail("", "sbxfs commit: exit %d: %v\n%s", code, err, out)
+	}
+
+	r.checkCommitted(wrote, touched)
+}
+
+// otherWriter makes a few changes to original files and directories the
+// original has now, drawn from the run's seed: what it wrote (with where
+// to find it) and the original paths it changed.
+func (r *diffRun) otherWriter() ([]otherWrite, map[string]bool) {
+	t, seed := r.t, r.seed
 	before, err := walkTree(r.sb.orig, diffViewOpts)
 	if err != nil {
 		t.Fatal(err)
@@ -193,72 +338,14 @@ func concurrentCommit(t *testing.T, seed int64, ops int) {
 		}
 		r.history = append(r.history, fmt.Sprintf("%4s other writer, in the original: %s -> %v", "", desc, errOrOK(err)))
 	}
-	left, err := walkTree(r.sb.orig, unchangedOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return wrote, touched
+}
 
-	out, err := runTimeout(60*time.Second, cliBin, "commit", "-m", "concurrent", r.sb.mnt)
-	code := exitCode(err)
-	t.Logf("sbxfs commit: exit %d\n%s", code, out)
-	switch code {
-	case exitConflictCode:
-		now, err := walkTree(r.sb.orig, unchangedOpts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := diffTrees(left, now, 25); len(d) > 0 {
-			r.fail("", "a refused commit changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
-		}
-		// --force lets the sandbox win where the commit named a
-		// conflict, and nowhere else: what the other writer did away
-		// from every named path stays. Or it fails as a whole.
-		named := r.conflictPaths(string(out))
-		how := "commit --force"
-		args := []string{"commit", "--force", "-m", "concurrent", r.sb.mnt}
-		if seed%2 == 0 {
-			// Or every conflict resolved in the sandbox's favour, then
-			// a plain commit: the same outcome as --force, or a
-			// refusal before anything is recorded.
-			how = "resolve, then commit"
-			if !r.resolveAll(left) {
-				return
-			}
-			args = []string{"commit", "-m", "concurrent", r.sb.mnt}
-		}
-		wins := r.sandboxWins(string(out))
-		out, err = runTimeout(60*time.Second, cliBin, args...)
-		t.Logf("then %s: exit %d\n%s", how, exitCode(err), out)
-		if err != nil {
-			// Where the other writer moved or removed a directory the
-			// sandbox changes things in, or moves, the commit makes
-			// the sandbox's directory anew: nothing here stops it.
-			if now, werr := walkTree(r.sb.orig, unchangedOpts); werr == nil {
-				if d := diffTrees(left, now, 25); len(d) > 0 {
-					t.Logf("and it changed the original (want = as the other writer left it):\n  %s", strings.Join(d, "\n  "))
-				}
-			}
-			r.fail("", "sbxfs %s after the conflicts %q: %v\n%s", how, named, err, out)
-		}
-		var kept []otherWrite
-		for _, w := range wrote {
-			if !coveredBy(w.paths, named) {
-				kept = append(kept, w)
-			}
-		}
-		got := r.checkKept(kept, how)
-		for p, sum := range wins {
-			if n, ok := got[p]; !ok || !isRegularInfo(n) || n.Hash != sum {
-				r.fail("", "%s: the conflict %s was not settled with the sandbox's file (want its content in the original)", how, p)
-			}
-		}
-		return
-	case 0:
-	default:
-		r.fail("", "sbxfs commit: exit %d: %v\n%s", code, err, out)
-	}
-
-	// The commit succeeded: every file the other writer left is there.
+// checkCommitted checks a commit that succeeded after the other writer's
+// changes: every file it left is there, and the paths it neither touched
+// nor moved with a directory end as in the plain directory.
+func (r *diffRun) checkCommitted(wrote []otherWrite, touched map[string]bool) {
+	t := r.t
 	got := r.checkKept(wrote, "commit")
 	// And the rest is the sandbox's: paths neither the other writer
 	// touched nor moved with a directory end as in the plain directory.
