@@ -21,9 +21,9 @@ import (
 // TestDifferentialConcurrentCommit: random operations through the mount,
 // then a few changes made to the original directly (as an editor, git or
 // another agent would while the sandbox is open: a file appended to,
-// chmodded, given an attribute, removed, renamed, made or replaced by a
-// directory, a directory renamed with what it holds), then `sbxfs
-// commit`.
+// chmodded, chowned, given an attribute, saved over by an editor,
+// removed, renamed, made or replaced by a directory, a directory made,
+// renamed with what it holds or removed with it), then `sbxfs commit`.
 // Whatever the two histories, nothing anyone wrote is lost: a refused
 // commit (exit 7) leaves the original exactly as the other writer left
 // it; a commit that succeeds keeps every file the other writer wrote or
@@ -128,6 +128,7 @@ type otherWrite struct {
 	sum   string
 	perm  uint32
 	xattr string // the value of user.other, when set
+	uid   uint32 // the owner, when the other writer set it
 }
 
 func concurrentCommit(t *testing.T, seed int64, ops int) {
@@ -231,7 +232,7 @@ func (r *diffRun) otherWriter() ([]otherWrite, map[string]bool) {
 	for i := range 1 + r.rng.Intn(4) {
 		var desc string
 		var err error
-		switch k := r.rng.Intn(8); {
+		switch k := r.rng.Intn(12); {
 		case k == 0 && len(files) > 0: // content
 			p := files[r.rng.Intn(len(files))]
 			data := []byte(fmt.Sprintf("\nother writer %d/%d", seed, i))
@@ -320,6 +321,56 @@ func (r *diffRun) otherWriter() ([]otherWrite, map[string]bool) {
 			if err == nil {
 				wrote = append(wrote, otherWrite{desc: desc, paths: []string{inside}, sum: fileSum(t, filepath.Join(r.sb.orig, inside)), perm: 0o644})
 			}
+		case k == 8 && len(files) > 0: // an owner
+			p := files[r.rng.Intn(len(files))]
+			desc = "chown 65534 " + p
+			err = os.Lchown(filepath.Join(r.sb.orig, p), 65534, -1)
+			touched[p] = true
+			if err == nil {
+				wrote = append(forget(wrote, p), otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, filepath.Join(r.sb.orig, p)),
+					perm: permOf(t, filepath.Join(r.sb.orig, p)), uid: 65534})
+			}
+		case k == 9 && len(files) > 0: // an editor's save: a new file renamed over it
+			p := files[r.rng.Intn(len(files))]
+			full := filepath.Join(r.sb.orig, p)
+			desc = "save " + p + " (write " + p + ".other-tmp, rename over it)"
+			if _, err = os.Lstat(full); err == nil {
+				if err = os.WriteFile(full+".other-tmp", []byte(fmt.Sprintf("saved by the other writer %d/%d\n", seed, i)), 0o644); err == nil {
+					err = os.Rename(full+".other-tmp", full)
+				}
+			}
+			touched[p] = true
+			if err == nil {
+				wrote = append(forget(wrote, p), otherWrite{desc: desc, paths: []string{p}, sum: fileSum(t, full), perm: 0o644})
+			}
+		case k == 10 && len(dirs) > 0: // a new directory with a file in it
+			d := filepath.Join(dirs[r.rng.Intn(len(dirs))], fmt.Sprintf("other-dir-%d", i))
+			f := filepath.Join(d, "inside")
+			desc = "mkdir " + d + "; create " + f
+			if err = os.Mkdir(filepath.Join(r.sb.orig, d), 0o755); err == nil {
+				err = os.WriteFile(filepath.Join(r.sb.orig, f), []byte(fmt.Sprintf("made by the other writer %d/%d\n", seed, i)), 0o644)
+			}
+			touched[d], touched[f] = true, true
+			if err == nil {
+				wrote = append(wrote, otherWrite{desc: desc, paths: []string{f}, sum: fileSum(t, filepath.Join(r.sb.orig, f)), perm: 0o644})
+			}
+		case k == 11 && len(dirs) > 1: // a directory removed, with all in it
+			d := dirs[1+r.rng.Intn(len(dirs)-1)] // not the root
+			desc = "rm -r " + d
+			if _, err = os.Lstat(filepath.Join(r.sb.orig, d)); err == nil {
+				walkErr := filepath.WalkDir(filepath.Join(r.sb.orig, d), func(full string, de fs.DirEntry, err error) error {
+					if err == nil {
+						f, _ := filepath.Rel(r.sb.orig, full)
+						touched[f] = true
+					}
+					return err
+				})
+				if walkErr != nil {
+					t.Fatal(walkErr)
+				}
+				err = os.RemoveAll(filepath.Join(r.sb.orig, d))
+			}
+			wrote = forget(wrote, d)
 		default: // a new file
 			d := ""
 			if len(dirs) > 0 {
@@ -431,7 +482,8 @@ func (r *diffRun) checkKept(wrote []otherWrite, what string) map[string]nodeInfo
 	for _, w := range wrote {
 		found := false
 		for _, n := range got {
-			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm && (w.xattr == "" || n.Xattrs["user.other"] == w.xattr)
+			found = found || isRegularInfo(n) && n.Hash == w.sum && n.Perm == w.perm && (w.xattr == "" || n.Xattrs["user.other"] == w.xattr) &&
+				(w.uid == 0 || n.Uid == w.uid)
 		}
 		if !found {
 			lost = append(lost, w.desc)
