@@ -264,11 +264,12 @@ func sameAttrs(orig *tree, rel, upper string) bool {
 // neither was made in the original after the sandbox emptied the
 // directory, or the original changed while the change set was read.
 func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]layers.Signature) []conflict {
-	changed := map[string]bool{} // original paths the change set changes
+	changed := map[string]bool{}   // original paths the change set changes
+	movedAway := map[string]bool{} // original paths renamed elsewhere
 	for _, c := range cs.Changes {
 		changed[conflictKey(r, c)] = true
 		if c.Kind == layers.Renamed {
-			changed[c.From] = true
+			changed[c.From], movedAway[c.From] = true, true
 		}
 	}
 	keys := maps.Clone(changed)
@@ -278,7 +279,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 	var out []conflict
 	for _, c := range cs.Changes {
 		p, ok := takesAway(r, c)
-		if !ok || movedAway(cs, p) {
+		if !ok || movedAway[p] {
 			continue // nothing replaced, or the original's directory there moves elsewhere, whole
 		}
 		names, err := orig.names(p)
@@ -326,16 +327,6 @@ func takesAway(r renames, c layers.Change) (string, bool) {
 }
 
 const unaccountedReason = "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"
-
-// movedAway reports whether the original directory p is renamed by cs.
-func movedAway(cs layers.ChangeSet, p string) bool {
-	for _, c := range cs.Changes {
-		if c.Kind == layers.Renamed && c.From == p {
-			return true
-		}
-	}
-	return false
-}
 
 // inNewDir reports whether an ancestor of p is a directory of dirs.
 func inNewDir(dirs map[string]bool, p string) bool {
