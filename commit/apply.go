@@ -94,11 +94,12 @@ func (x *Txn) apply(i int) error {
 		return move(x.txn, s.Slot, x.orig, s.Path)
 	case opMeta:
 		if h, ok := x.held[metaKey(s.Path)]; ok && h.there {
-			// The original's own object (not one this commit put
-			// there) must be as the check saw it: the sandbox's
-			// metadata would replace someone else's mode, owner or
-			// attributes, or go on a file written since.
-			if st, err := x.orig.lstat(s.Path); err == nil && st.Ino == h.st.Ino && !unchanged(x.own.expect(&h.st), &st) {
+			// The original's object (the commit put none there) must
+			// be as the check saw it: the sandbox's metadata would
+			// replace someone else's mode, owner or attributes, or go
+			// on a file written or saved anew since (a directory: on
+			// another directory).
+			if st, err := x.orig.lstat(s.Path); err == nil && !unchanged(x.own.expect(&h.st), &st) {
 				x.reached = i // nothing done: its undo would set the old metadata over the other writer's
 				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
 			}

@@ -97,10 +97,15 @@ var resolvedGone = layers.Signature{}
 
 func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]layers.Signature) []conflict {
 	r := newRenames(cs)
+	// newDirs: true for a directory the sandbox made, false for one it
+	// moved (an original directory, wherever it went).
 	newDirs := map[string]bool{}
 	for _, c := range cs.Changes {
-		if c.Kind == layers.Created && c.Type == "dir" {
+		switch {
+		case c.Kind == layers.Created && c.Type == "dir":
 			newDirs[c.Path] = true
+		case c.Kind == layers.Renamed && c.Type == "dir":
+			newDirs[c.Path] = false
 		}
 	}
 	var out []conflict
@@ -328,11 +333,13 @@ func takesAway(r renames, c layers.Change) (string, bool) {
 
 const unaccountedReason = "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"
 
-// inNewDir reports whether an ancestor of p is a directory of dirs.
+// inNewDir reports whether p is beneath a directory the sandbox made,
+// with no directory it moved between (dirs: true for one made, false for
+// one moved): beneath a moved directory are the original's objects.
 func inNewDir(dirs map[string]bool, p string) bool {
 	for i := strings.LastIndexByte(p, '/'); i > 0; i = strings.LastIndexByte(p[:i], '/') {
-		if dirs[p[:i]] {
-			return true
+		if made, ok := dirs[p[:i]]; ok {
+			return made
 		}
 	}
 	return false

@@ -219,6 +219,23 @@ func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
 			setAttr("f"), "f", changedDuringCommit, false},
 		{"an attribute set in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
 			setAttr("d/s/f"), "d/s/f", changedDuringCommit, false},
+		{"saved over a file whose mode the sandbox changes", func(s *sandbox) { s.chmod("f", 0o600) },
+			func(t *testing.T, orig string) {
+				p := filepath.Join(orig, "f")
+				require.NoError(t, os.WriteFile(p+".new", []byte("saved meanwhile"), 0o644))
+				require.NoError(t, os.Rename(p+".new", p))
+			}, "f", changedDuringCommit, false},
+		{"a directory whose mode the sandbox changes replaced", func(s *sandbox) { s.chmod("e", 0o700) },
+			func(t *testing.T, orig string) {
+				require.NoError(t, os.Rename(filepath.Join(orig, "e"), filepath.Join(orig, "e.old")))
+				require.NoError(t, os.Mkdir(filepath.Join(orig, "e"), 0o755))
+			}, "e", changedDuringCommit, false},
+		{"saved in a directory the sandbox renamed", func(s *sandbox) { s.write("d/a", "sandbox"); s.rename("d", "n2") },
+			func(t *testing.T, orig string) {
+				p := filepath.Join(orig, "d", "a")
+				require.NoError(t, os.WriteFile(p+".new", []byte("saved meanwhile"), 0o644))
+				require.NoError(t, os.Rename(p+".new", p))
+			}, "n2/a", changedDuringCommit, false},
 		{"made where the sandbox makes one", func(s *sandbox) { s.write("n", "sandbox") },
 			writeFile("n", "made meanwhile"), "n", madeDuringCommit, false},
 		{"made at a rename's target", func(s *sandbox) { s.rename("f", "g") },

@@ -29,12 +29,19 @@ type held struct {
 
 // heldObjects records what the original holds at the path of each step
 // that moves an object into the backups (by the step's slot) or sets the
-// metadata of an original non-directory (by metaKey). Beneath a
+// metadata of an original object in place (by metaKey; not one the
+// commit puts there). Beneath a
 // directory recorded whole, whose detach comes first and takes what is
 // beneath it, a later detach must find nothing.
 func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 	out := map[string]held{}
 	dirs := map[string]string{} // final path -> original path, of directories recorded whole
+	ours := map[string]bool{}   // final paths the commit puts an object at
+	for _, s := range steps {
+		if s.Kind == opInstall || s.Kind == opMkdir || s.Kind == opAttach {
+			ours[s.Path] = true
+		}
+	}
 	for _, s := range steps {
 		var key, p string
 		switch {
@@ -44,7 +51,7 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 				out[key] = held{}
 				continue
 			}
-		case s.Kind == opMeta:
+		case s.Kind == opMeta && !ours[s.Path]:
 			key, p = metaKey(s.Path), r.original(s.Path)
 		default:
 			continue
@@ -55,10 +62,7 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 			return nil, err
 		}
 		h.there, h.st = there, st
-		if there && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			if s.Kind == opMeta {
-				continue // its entries change with the commit; see the conflict check
-			}
+		if there && st.Mode&unix.S_IFMT == unix.S_IFDIR && s.Kind == opDetach {
 			if h.beneath, err = walkBeneath(orig, p); err != nil {
 				return nil, err
 			}

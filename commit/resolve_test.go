@@ -290,3 +290,28 @@ func TestResolveAMovedDirectoryGoneWithWhatIsBeneath(t *testing.T) {
 		})
 	}
 }
+
+// TestResolveADirectoryGoneBeneathAMovedOne: the sandbox moves d into a
+// directory it made (n/d) and makes a file in d/sub; the original
+// removes d/sub. The conflict names n/d/sub, though a new directory is
+// above it: beneath the moved d are the original's objects. Before, the
+// check took n/d/sub for part of the new n, named only the files the
+// sandbox changed in it, and the commit failed (exit 8) once they were
+// resolved.
+func TestResolveADirectoryGoneBeneathAMovedOne(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/a": "a", "d/sub/f": "f"})
+	s.write("d/sub/new", "new")
+	s.write("d/sub/f", "sandbox")
+	s.mkdir("n")
+	s.rename("d", "n/d")
+	s.done()
+	require.NoError(t, os.RemoveAll(filepath.Join(s.orig, "d/sub")))
+	cf, err := Conflicts(s.cfg)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []Conflict{{Path: "n/d/sub", Reason: "removed from the original"}, {Path: "n/d/sub/f", Reason: "removed from the original"}}, cf)
+	_, left, err := Resolve(s.cfg, []string{"n/d/sub", "n/d/sub/f"})
+	require.NoError(t, err)
+	require.Empty(t, left)
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.ElementsMatch(t, []string{"n", "n/d", "n/d/a", "n/d/sub", "n/d/sub/f", "n/d/sub/new"}, slices.Collect(maps.Keys(snapshot(t, s.orig))))
+}
