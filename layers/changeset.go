@@ -75,11 +75,15 @@ func (l *Layers) Changes() (ChangeSet, error) {
 // touched (under their final names), what each was renamed from, what it
 // was linked to, and whether its content (not only metadata) changed.
 type touched struct {
-	paths   map[string]bool // path -> content op seen
-	times   map[string]bool // path -> times set explicitly (utimensat)
-	from    map[string]string
-	link    map[string]string
-	deleted map[string]bool
+	paths map[string]bool // path -> content op seen
+	times map[string]bool // path -> times set explicitly (utimensat)
+	from  map[string]string
+	link  map[string]string
+	// linkRev inverts link (the other name -> the names linked to it),
+	// and index holds every path of the maps above, so that a rename
+	// finds what it moves without a scan of them all.
+	linkRev map[string]map[string]bool
+	index   pathIndex
 	// seen holds the mode of the object the sandbox saw at an original
 	// path before it changed it (the journal's base records, the first
 	// one of a path). Keyed by original path, so renames never move it.
@@ -91,7 +95,8 @@ type touched struct {
 }
 
 func replay(recs []Record) *touched {
-	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}, deleted: map[string]bool{}, seen: map[string]uint32{}, dirs: dirCache{}}
+	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
+		linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]uint32{}, dirs: dirCache{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
@@ -107,49 +112,72 @@ func replay(recs []Record) *touched {
 			}
 			t.move(r.Path, r.Path2)
 		case OpSetattr, OpSetxattr, OpRemovexattr:
-			t.paths[r.Path] = t.paths[r.Path] || false
+			t.touch(r.Path, t.paths[r.Path])
 			if r.Op == OpSetattr && r.Flags&AttrTimes != 0 {
 				t.times[r.Path] = true
 			}
 		case OpLink:
 			// Both names now share one inode, and the journal records a
 			// later write under whichever name the file was opened by.
-			t.paths[r.Path] = true
-			t.paths[r.Path2] = true
-			t.link[r.Path] = r.Path2
+			t.touch(r.Path, true)
+			t.touch(r.Path2, true)
+			t.setLink(r.Path, r.Path2)
 		default:
-			t.paths[r.Path] = true
+			t.touch(r.Path, true)
 		}
 	}
 	return t
 }
 
-// move renames old to new in every record kept so far, subtree included.
+// touch records p as touched (content: a content op seen there).
+func (t *touched) touch(p string, content bool) {
+	t.paths[p] = content
+	t.index.add(p)
+}
+
+// setLink records that the name k was linked to the object at v.
+func (t *touched) setLink(k, v string) {
+	if was, ok := t.link[k]; ok {
+		delete(t.linkRev[was], k)
+	}
+	t.link[k] = v
+	if t.linkRev[v] == nil {
+		t.linkRev[v] = map[string]bool{}
+	}
+	t.linkRev[v][k] = true
+	t.index.add(k)
+	t.index.add(v)
+}
+
+// move renames old to new in every record kept so far, subtree included:
+// the keys of every map, and the other name of a link.
 func (t *touched) move(old, new string) {
 	origFrom := t.counterpart(old)
-	for _, m := range []map[string]string{t.from, t.link} {
-		for k, v := range m {
-			if nk, ok := under(k, old, new); ok {
-				delete(m, k)
-				m[nk] = v
+	for _, p := range t.index.take(old) {
+		np := new + p[len(old):]
+		if v, ok := t.from[p]; ok {
+			delete(t.from, p)
+			t.from[np] = v
+		}
+		if v, ok := t.link[p]; ok {
+			delete(t.linkRev[v], p)
+			delete(t.link, p)
+			t.setLink(np, v)
+		}
+		for k := range t.linkRev[p] {
+			t.setLink(k, np)
+		}
+		delete(t.linkRev, p)
+		for _, m := range []map[string]bool{t.paths, t.times} {
+			if v, ok := m[p]; ok {
+				delete(m, p)
+				m[np] = v
 			}
 		}
+		t.index.add(np)
 	}
-	for k, v := range t.link { // the other name of a link moves too
-		if nv, ok := under(v, old, new); ok {
-			t.link[k] = nv
-		}
-	}
-	for _, m := range []map[string]bool{t.paths, t.times} {
-		for k, v := range m {
-			if nk, ok := under(k, old, new); ok {
-				delete(m, k)
-				m[nk] = v
-			}
-		}
-	}
-	t.paths[old] = true
-	t.paths[new] = true
+	t.touch(old, true)
+	t.touch(new, true)
 	t.from[new] = origFrom
 }
 
@@ -159,17 +187,6 @@ func (t *touched) exchange(a, b string) {
 	t.move(b, a)
 	t.move(tmp, b)
 	delete(t.paths, tmp)
-}
-
-// under maps p to the new prefix when p is old or lies beneath it.
-func under(p, old, new string) (string, bool) {
-	if p == old {
-		return new, true
-	}
-	if strings.HasPrefix(p, old+"/") {
-		return new + p[len(old):], true
-	}
-	return "", false
 }
 
 func (l *Layers) changes(recs []Record) (ChangeSet, error) {
