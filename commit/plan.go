@@ -11,48 +11,50 @@ import (
 // renames maps paths between the original's namespace and the sandbox's
 // final one, through the renamed directories of a change set.
 type renames struct {
-	dirs []layers.Change // Renamed directories
+	dirs   []layers.Change   // Renamed directories
+	byPath map[string]string // final path -> original path, of dirs
+	byFrom map[string]string // original path -> final path, of dirs
 }
 
 func newRenames(cs layers.ChangeSet) renames {
-	var r renames
+	r := renames{byPath: map[string]string{}, byFrom: map[string]string{}}
 	for _, c := range cs.Changes {
 		if c.Kind == layers.Renamed && c.Type == "dir" {
 			r.dirs = append(r.dirs, c)
+			r.byPath[c.Path] = c.From
+			r.byFrom[c.From] = c.Path
 		}
 	}
 	return r
 }
 
 // original is the original path of what the sandbox has at final path p.
-func (r renames) original(p string) string {
-	best := -1
-	for i, d := range r.dirs {
-		if under(p, d.Path) && (best < 0 || len(d.Path) > len(r.dirs[best].Path)) {
-			best = i
-		}
-	}
-	if best < 0 {
-		return p
-	}
-	return r.dirs[best].From + p[len(r.dirs[best].Path):]
-}
+func (r renames) original(p string) string { return through(r.byPath, p) }
 
 // final is where the original path p ends up once directories are moved.
-func (r renames) final(p string) string {
-	best := -1
-	for i, d := range r.dirs {
-		if under(p, d.From) && (best < 0 || len(d.From) > len(r.dirs[best].From)) {
-			best = i
-		}
-	}
-	if best < 0 {
+func (r renames) final(p string) string { return through(r.byFrom, p) }
+
+// through maps p by its deepest ancestor (p itself included) that m
+// holds, in time proportional to p's depth, not to the size of m.
+func through(m map[string]string, p string) string {
+	if len(m) == 0 {
 		return p
 	}
-	return r.dirs[best].Path + p[len(r.dirs[best].From):]
+	for q := p; ; {
+		if to, ok := m[q]; ok {
+			return to + p[len(q):]
+		}
+		i := strings.LastIndexByte(q, '/')
+		if i < 0 {
+			return p
+		}
+		q = q[:i]
+	}
 }
 
-func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+func under(p, dir string) bool {
+	return len(p) >= len(dir) && p[:len(dir)] == dir && (len(p) == len(dir) || p[len(dir)] == '/')
+}
 
 // planner builds the steps of a transaction from a change set.
 type planner struct {
