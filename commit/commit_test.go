@@ -136,6 +136,16 @@ func (s *sandbox) rename(a, b string) {
 	require.NoError(s.t, unix.Rename(filepath.Join(s.ref, a), filepath.Join(s.ref, b)))
 }
 
+// exchange swaps a and b (RENAME_EXCHANGE) in the sandbox and the
+// reference.
+func (s *sandbox) exchange(a, b string) {
+	da, na := split(a)
+	db, nb := split(b)
+	o := s.lookup(a)
+	require.NoError(s.t, s.l.Rename(da, s.lookup(da), na, &o, db, s.lookup(db), nb, unix.RENAME_EXCHANGE, s.c))
+	require.NoError(s.t, unix.Renameat2(unix.AT_FDCWD, filepath.Join(s.ref, a), unix.AT_FDCWD, filepath.Join(s.ref, b), unix.RENAME_EXCHANGE))
+}
+
 func (s *sandbox) symlink(target, p string) {
 	d, n := split(p)
 	_, err := s.l.Symlink(d, s.lookup(d), n, target, s.c)

@@ -173,8 +173,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 		// (the sandbox recorded its signature when the rename replaced
 		// it), or puts the object where the original has none: the
 		// object the original has there now must be that one, or none.
-		dir, name := layers.Split(c.Path)
-		if p := layers.Join(r.original(dir), name); !keyed[p] {
+		if p, ok := r.replacedAt(c.Path); ok && !keyed[p] {
 			check(c, p, true)
 		}
 	}
@@ -323,8 +322,7 @@ func takesAway(r renames, c layers.Change) (string, bool) {
 	case layers.Deleted, layers.Created, layers.Modified, layers.Linked:
 		return conflictKey(r, c), true
 	case layers.Renamed:
-		dir, name := layers.Split(c.Path)
-		if p := layers.Join(r.original(dir), name); p != c.From {
+		if p, ok := r.replacedAt(c.Path); ok && p != c.From {
 			return p, true
 		}
 	}

@@ -46,8 +46,12 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 		var key, p string
 		switch {
 		case s.Kind == opDetach && strings.HasPrefix(s.Slot, "b/"):
-			key, p = s.Slot, backedUpFrom(r, s.Path)
-			if within(dirs, s.Path, p) {
+			var there bool
+			key = s.Slot
+			if p, there = r.replacedAt(s.Path); !there || within(dirs, s.Path, p) {
+				// The original's object at p is elsewhere by then, or
+				// goes with a directory detached before: nothing must be
+				// there.
 				out[key] = held{}
 				continue
 			}
@@ -138,15 +142,6 @@ func unchanged(was, now *unix.Stat_t) bool {
 		return was.Ino == now.Ino
 	}
 	return sameState(was, now) && was.Ctim == now.Ctim
-}
-
-// backedUpFrom is the original path of the object a detach at the final
-// path p finds: what the original has under p's name in p's directory
-// (a renamed directory's new path holds what the original has there,
-// not the directory).
-func backedUpFrom(r renames, p string) string {
-	dir, name := layers.Split(p)
-	return layers.Join(r.original(dir), name)
 }
 
 // changedSince returns the path, relative to the backed-up object, of

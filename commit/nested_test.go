@@ -345,3 +345,18 @@ func TestCommitNewObjectInPlaceOfAMovedOriginal(t *testing.T) {
 		s.commitMatchesRef()
 	})
 }
+
+// TestRenameIntoANewDirectoryExchangedWithAnOriginalOne: the sandbox
+// moves h/j into a new directory n as n/b, then exchanges n with the
+// original a, which has an a/b of its own. The rename's target a/b is in
+// the new directory: the original's a/b is not replaced, it moves with
+// a to n. Until 2026-11-26 the check took each file in the original's
+// a/b for one the rename would drop (a false conflict, found by
+// TestDifferentialWriteDuringCommit, seed 740017968).
+func TestRenameIntoANewDirectoryExchangedWithAnOriginalOne(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a/b/f": "f", "a/g": "g", "h/j/x": "x"})
+	s.mkdir("n")
+	s.rename("h/j", "n/b")
+	s.exchange("n", "a")
+	s.commitMatchesRef()
+}

@@ -34,6 +34,18 @@ func (r renames) original(p string) string { return through(r.byPath, p) }
 // final is where the original path p ends up once directories are moved.
 func (r renames) final(p string) string { return through(r.byFrom, p) }
 
+// replacedAt returns the original path of the object that stands at the
+// final path p once the renamed directories are in place (before the
+// commit puts anything there): what the original has under p's name in
+// p's directory, and false when that object is elsewhere by then (a
+// renamed directory took it along: p's directory is a new one, or p
+// itself was renamed away).
+func (r renames) replacedAt(p string) (string, bool) {
+	dir, name := layers.Split(p)
+	o := layers.Join(r.original(dir), name)
+	return o, r.final(o) == p
+}
+
 // through maps p by its deepest ancestor (p itself included) that m
 // holds, in time proportional to p's depth, not to the size of m.
 func through(m map[string]string, p string) string {
