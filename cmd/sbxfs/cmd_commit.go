@@ -140,6 +140,10 @@ const conflictHint = "keep the sandbox's version of a path with 'sbxfs resolve M
 func commitFailure(err error) error {
 	var ce *commit.Error
 	switch {
+	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.RolledBack:
+		// Found during the apply: someone wrote to the original while
+		// the commit ran.
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nthe commit was undone; the next one names these as conflicts: %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrConflict):
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrBusy):
