@@ -162,6 +162,13 @@ func immutable(t *testing.T, p string) (unlock func()) {
 	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
 }
 
+// emptyD removes everything in d of TestWriteBetweenTheCheckAndTheApplyIsAConflict's original.
+func emptyD(s *sandbox) {
+	s.remove("d/s/f")
+	s.remove("d/s")
+	s.remove("d/a")
+}
+
 // assertChangedDuringCommit checks err is the conflict of a commit that
 // found path changed (or made: reason) by someone else while it ran, and
 // undid itself.
@@ -217,7 +224,7 @@ func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
 			setAttr("f"), "f", changedDuringCommit, false},
 		{"an attribute set on a file whose mode the sandbox changes", func(s *sandbox) { s.chmod("f", 0o600) },
 			setAttr("f"), "f", changedDuringCommit, false},
-		{"an attribute set in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
+		{"an attribute set in a directory the sandbox removes", func(s *sandbox) { emptyD(s); s.remove("d") },
 			setAttr("d/s/f"), "d/s/f", changedDuringCommit, false},
 		{"saved over a file whose mode the sandbox changes", func(s *sandbox) { s.chmod("f", 0o600) },
 			func(t *testing.T, orig string) {
@@ -240,30 +247,13 @@ func TestWriteBetweenTheCheckAndTheApplyIsAConflict(t *testing.T) {
 			writeFile("n", "made meanwhile"), "n", madeDuringCommit, false},
 		{"made at a rename's target", func(s *sandbox) { s.rename("f", "g") },
 			writeFile("g", "made meanwhile"), "g", madeDuringCommit, false},
-		{"made in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
+		{"made in a directory the sandbox removes", func(s *sandbox) { emptyD(s); s.remove("d") },
 			writeFile("d/s/new", "made meanwhile"), "d/s/new", madeDuringCommit, false},
-		{"written in a directory the sandbox removes", func(s *sandbox) { s.remove("d/s/f"); s.remove("d/s"); s.remove("d/a"); s.remove("d") },
+		{"written in a directory the sandbox removes", func(s *sandbox) { emptyD(s); s.remove("d") },
 			writeFile("d/s/f", "written meanwhile"), "d/s/f", changedDuringCommit, false},
-		{"made in a directory the sandbox replaces by a file", func(s *sandbox) {
-			s.remove("d/s/f")
-			s.remove("d/s")
-			s.remove("d/a")
-			s.remove("d")
-			s.write("d", "sandbox")
-		}, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, false},
-		{"made in a directory a rename replaces", func(s *sandbox) {
-			s.remove("d/s/f")
-			s.remove("d/s")
-			s.remove("d/a")
-			s.rename("e", "d")
-		}, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, false},
-		{"made in a directory the sandbox replaces by a new one, --force", func(s *sandbox) {
-			s.remove("d/s/f")
-			s.remove("d/s")
-			s.remove("d/a")
-			s.remove("d")
-			s.mkdir("d")
-		}, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, true},
+		{"made in a directory the sandbox replaces by a file", func(s *sandbox) { emptyD(s); s.remove("d"); s.write("d", "sandbox") }, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, false},
+		{"made in a directory a rename replaces", func(s *sandbox) { emptyD(s); s.rename("e", "d") }, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, false},
+		{"made in a directory the sandbox replaces by a new one, --force", func(s *sandbox) { emptyD(s); s.remove("d"); s.mkdir("d") }, writeFile("d/new", "made meanwhile"), "d/new", madeDuringCommit, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSandbox(t, map[string]string{"a": "a", "f": "f", "d/a": "a", "d/s/f": "f", "e/y": "y", "z": "z"})

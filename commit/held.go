@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -197,13 +196,7 @@ const madeDuringCommit = "made in the original during the commit"
 // path relative to rel, never following a symlink. What goes away while
 // it reads is left out.
 func walkBeneath(t *tree, rel string) (map[string]unix.Stat_t, error) {
-	var fd int
-	var err error
-	if rel == "" {
-		fd, err = unix.Openat(t.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	} else {
-		fd, err = fsutil.OpenBeneath(t.fd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	}
+	fd, err := t.openDir(rel)
 	if err != nil {
 		return nil, err
 	}

@@ -29,10 +29,11 @@ func newRenames(cs layers.ChangeSet) renames {
 }
 
 // original is the original path of what the sandbox has at final path p.
-func (r renames) original(p string) string { return through(r.byPath, p) }
+// (A lookup of p's ancestors, in time proportional to p's depth.)
+func (r renames) original(p string) string { return layers.Counterpart(r.byPath, p) }
 
 // final is where the original path p ends up once directories are moved.
-func (r renames) final(p string) string { return through(r.byFrom, p) }
+func (r renames) final(p string) string { return layers.Counterpart(r.byFrom, p) }
 
 // replacedAt returns the original path of the object that stands at the
 // final path p once the renamed directories are in place (before the
@@ -44,24 +45,6 @@ func (r renames) replacedAt(p string) (string, bool) {
 	dir, name := layers.Split(p)
 	o := layers.Join(r.original(dir), name)
 	return o, r.final(o) == p
-}
-
-// through maps p by its deepest ancestor (p itself included) that m
-// holds, in time proportional to p's depth, not to the size of m.
-func through(m map[string]string, p string) string {
-	if len(m) == 0 {
-		return p
-	}
-	for q := p; ; {
-		if to, ok := m[q]; ok {
-			return to + p[len(q):]
-		}
-		i := strings.LastIndexByte(q, '/')
-		if i < 0 {
-			return p
-		}
-		q = q[:i]
-	}
 }
 
 func under(p, dir string) bool {

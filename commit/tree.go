@@ -154,15 +154,18 @@ func (t *tree) syncfs() error {
 	return unix.Syncfs(fd)
 }
 
+// openDir opens the directory rel for reading (never following a
+// symlink).
+func (t *tree) openDir(rel string) (int, error) {
+	if rel == "" {
+		return unix.Openat(t.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	}
+	return fsutil.OpenBeneath(t.fd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+}
+
 // names lists the directory rel (never following a symlink).
 func (t *tree) names(rel string) ([]string, error) {
-	var fd int
-	var err error
-	if rel == "" {
-		fd, err = unix.Openat(t.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	} else {
-		fd, err = fsutil.OpenBeneath(t.fd, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	}
+	fd, err := t.openDir(rel)
 	if err != nil {
 		return nil, err
 	}

@@ -33,6 +33,13 @@ import (
 // compared by content because a directory the sandbox moved takes the
 // other writer's files with it.
 func TestDifferentialConcurrentCommit(t *testing.T) {
+	concurrentSeeds(t, concurrentCommit)
+}
+
+// concurrentSeeds runs run for 16 seeds, or the one -seed names, with
+// few enough operations (-diff.ops / 50) that most of the tree stays
+// untouched for the other writer.
+func concurrentSeeds(t *testing.T, run func(t *testing.T, seed int64, ops int)) {
 	if cliBin == "" {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
 	}
@@ -42,8 +49,8 @@ func TestDifferentialConcurrentCommit(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialConcurrentCommit$' -seed %d -diff.ops %d)", seed, seed, *flagDiffOps)
-			concurrentCommit(t, seed, max(*flagDiffOps/50, 20))
+			t.Logf("seed %d (rerun: go test ./tests -run '%s$' -seed %d -diff.ops %d)", seed, strings.Split(t.Name(), "/")[0], seed, *flagDiffOps)
+			run(t, seed, max(*flagDiffOps/50, 20))
 		})
 	}
 }
@@ -54,21 +61,12 @@ func TestDifferentialConcurrentCommit(t *testing.T) {
 // (commit.Options.Fault "staged"): its changes land where the apply
 // backs up, in directories the commit removes or replaces, anywhere.
 // The commit runs in this process, over the sandbox unmounted; odd seeds
-// give the original hard links. Nothing anyone wrote is lost: the commit succeeds and keeps every file
-// the other writer wrote (as TestDifferentialConcurrentCommit checks), or
-// it refuses or fails, undone, and the original is exactly as the other
-// writer left it.
+// give the original hard links. Nothing anyone wrote is lost: the commit
+// succeeds and keeps every file the other writer wrote (as
+// TestDifferentialConcurrentCommit checks), or it refuses or fails,
+// undone, and the original is exactly as the other writer left it.
 func TestDifferentialWriteDuringCommit(t *testing.T) {
-	seeds := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
-	if *flagSeed != 0 {
-		seeds = []int64{diffSeed(t)}
-	}
-	for _, seed := range seeds {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (rerun: go test ./tests -run 'TestDifferentialWriteDuringCommit$' -seed %d -diff.ops %d)", seed, seed, *flagDiffOps)
-			writeDuringCommit(t, seed, max(*flagDiffOps/50, 20))
-		})
-	}
+	concurrentSeeds(t, writeDuringCommit)
 }
 
 func writeDuringCommit(t *testing.T, seed int64, ops int) {
