@@ -22,8 +22,11 @@ func commitCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT|DIR",
 		Description: `Applies every change of the sandbox to the original: all of them or, on any
 failure, none. A path the original changed after the sandbox first changed
-it is a conflict: nothing is applied (--force applies anyway). While the
-commit runs the mount accepts no changes; files still open for writing make
+it is a conflict: nothing is applied (--force applies anyway). What another
+writer changes in the original while the commit runs, where the commit
+replaces or removes something, undoes the commit: a conflict too, also with
+--force (exit 7; nothing is lost). While the commit runs the mount accepts no
+changes; files still open for writing make
 it fail (busy), or wait with --wait. Afterwards the sandbox is unmounted and
 removed; with --keep it stays mounted over the updated original, empty.`,
 		Flags: []cli.Flag{
