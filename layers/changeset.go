@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -189,7 +190,34 @@ func (t *touched) exchange(a, b string) {
 	delete(t.paths, tmp)
 }
 
+// changingRetries are the pauses before reading the change set again
+// when the original changed while it was read (a directory swapped for a
+// moment, as a checkout or a tool replacing a directory does): most such
+// changes are over within them. After the last, ErrOriginalChanging.
+var changingRetries = []time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 250 * time.Millisecond}
+
+// Test hooks: testHookRead runs before each read of the change set,
+// testHookResolved between the overlay lookup of a path and the lookup of
+// its original.
+var (
+	testHookRead     func()
+	testHookResolved func(p string)
+)
+
 func (l *Layers) changes(recs []Record) (ChangeSet, error) {
+	for attempt := 0; ; attempt++ {
+		if testHookRead != nil {
+			testHookRead()
+		}
+		cs, err := l.changesOnce(recs)
+		if !errors.Is(err, ErrOriginalChanging) || attempt == len(changingRetries) {
+			return cs, err
+		}
+		time.Sleep(changingRetries[attempt])
+	}
+}
+
+func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 	if err := checkPaths(recs); err != nil {
 		return ChangeSet{}, err
 	}
@@ -315,8 +343,9 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string, dirs dirCache) {
 }
 
 // ErrOriginalChanging: the original changed while the change set was
-// read; reading it again once the original is still gives a true one.
-var ErrOriginalChanging = errors.New("the original changed while the change set was read; try again")
+// read, again at every retry (changingRetries); reading it again once the
+// original is still gives a true one.
+var ErrOriginalChanging = errors.New("the original kept changing while the change set was read; try again once it is still")
 
 // checkPaths refuses a journal whose records name paths that are not
 // clean and relative (a damaged or forged journal): the change set must
@@ -364,6 +393,9 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	ov, inOv, err := l.resolveIn(t.dirs, p)
 	if err != nil {
 		return Change{}, false, err
+	}
+	if testHookResolved != nil {
+		testHookResolved(p)
 	}
 	cp := t.counterpart(p)
 	lo, inLo, err := l.resolveLower(cp)

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -531,4 +532,51 @@ func TestChangeSetWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
 	require.NoError(t, os.RemoveAll(filepath.Join(s.lower, "d", "sub")))
 	got := kinds()
 	assert.Equal(t, Created, got["d/sub"], "%v", got)
+}
+
+// TestChangeSetReadAgainWhileTheOriginalChanges: the original's d is away
+// for a moment, exactly while the change set looks d up in the overlay,
+// and back when it looks up d's original: the read sees the original
+// changing (ErrOriginalChanging) and reads again after a pause, and the
+// change set is as if nothing happened. A swap that never ends gives the
+// error after the last retry.
+func TestChangeSetReadAgainWhileTheOriginalChanges(t *testing.T) {
+	s := newStack(t, map[string]string{"d/f": "f"})
+	mode := uint32(0o700)
+	o := s.dir("d")
+	_, err := s.Setattr("d", &o, -1, SetAttr{Mode: &mode}, s.c)
+	require.NoError(t, err)
+	cfg := Config{Upper: s.upper, Work: s.work, Lowers: s.lowers}
+	d := filepath.Join(s.lower, "d")
+	swaps := 0
+	testHookResolved = func(p string) {
+		if p == "d" && swaps < 1 {
+			swaps++
+			require.NoError(t, os.Rename(d+".away", d)) // back before its original is looked up
+		}
+	}
+	t.Cleanup(func() { testHookResolved = nil })
+	require.NoError(t, os.Rename(d, d+".away"))
+	cs, err := Changes(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 1, swaps)
+	assert.Equal(t, []Change{{Path: "d", Kind: Metadata, Type: "dir"}}, cs.Changes)
+
+	// Away at every read: the error, once the retries are spent.
+	reads := 0
+	testHookRead = func() {
+		reads++
+		require.NoError(t, os.Rename(d, d+".away"))
+	}
+	testHookResolved = func(p string) {
+		if p == "d" {
+			require.NoError(t, os.Rename(d+".away", d))
+		}
+	}
+	retries := changingRetries
+	changingRetries = []time.Duration{time.Millisecond, time.Millisecond}
+	t.Cleanup(func() { changingRetries, testHookRead = retries, nil })
+	_, err = Changes(cfg)
+	assert.ErrorIs(t, err, ErrOriginalChanging)
+	assert.Equal(t, 3, reads, "one read and two retries")
 }
