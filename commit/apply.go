@@ -59,7 +59,7 @@ func (x *Txn) apply(i int) error {
 			// A write, an attribute or a new object since the conflict
 			// check would go with the backups: the top now, what is
 			// beneath a directory by Sync.
-			if reason := h.topChange(x.own, &before); reason != "" {
+			if reason := h.topChange(x.own, stateOf(&before)); reason != "" {
 				x.reached = i // nothing done: nothing to undo
 				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: reason}}, Err: ErrConflict}
 			}
@@ -99,7 +99,7 @@ func (x *Txn) apply(i int) error {
 			// replace someone else's mode, owner or attributes, or go
 			// on a file written or saved anew since (a directory: on
 			// another directory).
-			if st, err := x.orig.lstat(s.Path); err == nil && !unchanged(x.own.expect(&h.st), &st) {
+			if st, err := x.orig.lstat(s.Path); err == nil && !unchanged(x.own.expect(h.st), stateOf(&st)) {
 				x.reached = i // nothing done: its undo would set the old metadata over the other writer's
 				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
 			}
@@ -224,7 +224,7 @@ func (x *Txn) undo(s *step) error {
 		}
 		defer unix.Close(fd)
 		var was unix.Stat_t
-		untouched := unix.Fstat(fd, &was) == nil && x.own.untouched(&was)
+		untouched := unix.Fstat(fd, &was) == nil && x.own.untouched(stateOf(&was))
 		if err := move(x.txn, s.Slot, x.orig, s.Path); err != nil {
 			return err
 		}

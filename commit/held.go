@@ -20,11 +20,28 @@ import (
 // metadata over someone else's.
 type held struct {
 	there bool
-	st    unix.Stat_t
+	st    objState
 	// beneath is, for a directory, every object beneath it by its path
 	// relative to the directory.
-	beneath map[string]unix.Stat_t
+	beneath map[string]objState
 }
+
+// objState is what the commit compares of an object: which one it is,
+// and what a write, a chmod, a chown or an attribute set moves (the
+// ctime, for the last two). A third of a unix.Stat_t, for a directory
+// of a million entries removed.
+type objState struct {
+	ino        uint64
+	mode       uint32
+	size       int64
+	mtim, ctim unix.Timespec
+}
+
+func stateOf(st *unix.Stat_t) objState {
+	return objState{ino: st.Ino, mode: st.Mode, size: st.Size, mtim: st.Mtim, ctim: st.Ctim}
+}
+
+func (s objState) isDir() bool { return s.mode&unix.S_IFMT == unix.S_IFDIR }
 
 // heldObjects records what the original holds at the path of each step
 // that moves an object into the backups (by the step's slot) or sets the
@@ -64,7 +81,7 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 		if err != nil {
 			return nil, err
 		}
-		h.there, h.st = there, st
+		h.there, h.st = there, stateOf(&st)
 		if there && st.Mode&unix.S_IFMT == unix.S_IFDIR && s.Kind == opDetach {
 			if h.beneath, err = walkBeneath(orig, p); err != nil {
 				return nil, err
@@ -94,41 +111,41 @@ func within(dirs map[string]string, p, o string) bool {
 // (moved into the backups, given the sandbox's metadata): what to expect
 // of them since, rather than what the check saw. A hard link of the
 // original shows one inode at several paths.
-type ownState map[uint64]unix.Stat_t
+type ownState map[uint64]objState
 
 // note records what t has at rel now as the apply's own doing.
 func (o ownState) note(t *tree, rel string) error {
 	st, err := t.lstat(rel)
 	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		o[st.Ino] = st
+		o[st.Ino] = stateOf(&st)
 	}
 	return err
 }
 
-// expect is the state to expect of the object the check saw as st.
-func (o ownState) expect(st *unix.Stat_t) *unix.Stat_t {
-	if own, ok := o[st.Ino]; ok {
-		return &own
+// expect is the state to expect of the object the check saw as s.
+func (o ownState) expect(s objState) objState {
+	if own, ok := o[s.ino]; ok {
+		return own
 	}
-	return st
+	return s
 }
 
 // untouched reports whether st, an object the apply moved, is as the
 // apply left it. Without a record (a directory, whose entries are
 // checked on their own, or an undo after a crash, which has none) it is
 // taken to be.
-func (o ownState) untouched(st *unix.Stat_t) bool {
-	own, ok := o[st.Ino]
-	return !ok || unchanged(&own, st)
+func (o ownState) untouched(s objState) bool {
+	own, ok := o[s.ino]
+	return !ok || unchanged(own, s)
 }
 
 // applied reports whether the apply's own steps changed the non-directory
 // st (whose ctime then moved), or cannot tell (an undo after a crash).
-func (o ownState) applied(st *unix.Stat_t) bool {
-	if o == nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
+func (o ownState) applied(s objState) bool {
+	if o == nil || s.isDir() {
 		return true
 	}
-	_, ok := o[st.Ino]
+	_, ok := o[s.ino]
 	return ok
 }
 
@@ -136,11 +153,11 @@ func (o ownState) applied(st *unix.Stat_t) bool {
 // for a directory the same inode (its entries are compared one by one:
 // the apply moves some out), for anything else also the same mode, size,
 // mtime and ctime (an attribute or owner set moves only the ctime).
-func unchanged(was, now *unix.Stat_t) bool {
-	if was.Mode&unix.S_IFMT == unix.S_IFDIR && now.Mode&unix.S_IFMT == unix.S_IFDIR {
-		return was.Ino == now.Ino
+func unchanged(was, now objState) bool {
+	if was.isDir() && now.isDir() {
+		return was.ino == now.ino
 	}
-	return sameState(was, now) && was.Ctim == now.Ctim
+	return was == now
 }
 
 // changedSince returns the path, relative to the backed-up object, of
@@ -156,7 +173,7 @@ func (h held) changedSince(t *tree, rel string, own ownState) (string, string, e
 	if err != nil {
 		return "", "", err
 	}
-	if reason := h.topChange(own, &st); reason != "" || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+	if reason := h.topChange(own, stateOf(&st)); reason != "" || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return "", reason, nil
 	}
 	now, err := walkBeneath(t, rel)
@@ -168,7 +185,7 @@ func (h held) changedSince(t *tree, rel string, own ownState) (string, string, e
 		reason := ""
 		if was, ok := h.beneath[p]; !ok {
 			reason = madeDuringCommit
-		} else if !unchanged(own.expect(&was), &st) {
+		} else if !unchanged(own.expect(was), st) {
 			reason = changedDuringCommit
 		}
 		if reason != "" && (first == "" || p < first) {
@@ -180,11 +197,11 @@ func (h held) changedSince(t *tree, rel string, own ownState) (string, string, e
 
 // topChange says how now is not the object h records at the top ("": it
 // is, or what the apply's own steps made of it).
-func (h held) topChange(own ownState, now *unix.Stat_t) string {
+func (h held) topChange(own ownState, now objState) string {
 	switch {
 	case !h.there:
 		return madeDuringCommit
-	case !unchanged(own.expect(&h.st), now):
+	case !unchanged(own.expect(h.st), now):
 		return changedDuringCommit
 	}
 	return ""
@@ -195,18 +212,18 @@ const madeDuringCommit = "made in the original during the commit"
 // walkBeneath returns every object beneath the directory rel of t, by
 // path relative to rel, never following a symlink. What goes away while
 // it reads is left out.
-func walkBeneath(t *tree, rel string) (map[string]unix.Stat_t, error) {
+func walkBeneath(t *tree, rel string) (map[string]objState, error) {
 	fd, err := t.openDir(rel)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]unix.Stat_t{}
+	out := map[string]objState{}
 	return out, walkDir(fd, "", out)
 }
 
 // walkDir adds what the directory fd holds to out, by prefix + name, and
 // closes fd.
-func walkDir(fd int, prefix string, out map[string]unix.Stat_t) error {
+func walkDir(fd int, prefix string, out map[string]objState) error {
 	f := os.NewFile(uintptr(fd), prefix)
 	defer f.Close()
 	names, err := f.Readdirnames(-1)
@@ -221,7 +238,7 @@ func walkDir(fd int, prefix string, out map[string]unix.Stat_t) error {
 			return err
 		}
 		p := path.Join(prefix, n)
-		out[p] = st
+		out[p] = stateOf(&st)
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}

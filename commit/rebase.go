@@ -78,7 +78,7 @@ func (x *Txn) rebase() error {
 			if o.untouched && leftAlone(base, o.sig) {
 				over[p] = o.sig
 			}
-		} else if there, st, err := x.orig.exists(p); err == nil && there && x.own.applied(&st) && undoLeftAlone(base, &st) {
+		} else if there, st, err := x.orig.exists(p); err == nil && there && x.own.applied(stateOf(&st)) && undoLeftAlone(base, &st) {
 			// A file the apply never changed has the base's ctime
 			// still, unless someone else changed it: that stays a
 			// conflict.
