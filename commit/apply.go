@@ -23,7 +23,6 @@ func (x *Txn) Apply() (err error) {
 			err = &Error{Stage: StageApply, Err: fmt.Errorf("panic: %v", r)}
 		}
 	}()
-	x.applying = true
 	for i := range x.log.Steps {
 		if i == len(x.log.Steps)/2 {
 			x.fault("applying")
@@ -127,8 +126,9 @@ func (x *Txn) replacedAbove(i int) bool {
 
 // Undo puts the original back as it was before Apply, in reverse order,
 // checking each step against what it finds, so it is safe after a partial
-// Apply, after a crash, and when run twice. After this process's Apply it
-// skips the steps Apply never reached. It goes on past a failed step;
+// Apply, after a crash, and when run twice. In the process that prepared
+// the transaction it skips the steps Apply never reached (all of them
+// when Apply never ran). It goes on past a failed step;
 // when any fails, the transaction directory (with the backups) is kept and
 // the error lists what could not be restored.
 func (x *Txn) Undo() error {
@@ -142,7 +142,7 @@ func (x *Txn) Undo() error {
 		if i == len(x.log.Steps)/2 {
 			x.fault("undoing")
 		}
-		if x.applying && i >= x.reached {
+		if x.reached >= 0 && i >= x.reached {
 			continue // never reached by this process's Apply
 		}
 		s := &x.log.Steps[i]

@@ -376,3 +376,26 @@ func TestCommitOverOriginalHardLinks(t *testing.T) {
 		})
 	}
 }
+
+// TestUndoOfATransactionNeverApplied: a plan undoes every sandbox when
+// one fails, also those whose apply never ran. Such an undo changes
+// nothing: the old metadata its metadata steps recorded would go over
+// what another writer set since the staging.
+func TestUndoOfATransactionNeverApplied(t *testing.T) {
+	s := newSandbox(t, map[string]string{"f": "f"})
+	s.chmod("f", 0o600)
+	s.done()
+	x, err := Prepare(s.cfg, Options{})
+	require.NoError(t, err)
+	p := filepath.Join(s.orig, "f")
+	require.NoError(t, unix.Setxattr(p, "user.other", []byte("set meanwhile"), 0))
+	require.NoError(t, os.Chmod(p, 0o640))
+	require.NoError(t, x.Undo())
+	st, err := os.Stat(p)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o640), st.Mode().Perm())
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(p, "user.other", buf)
+	require.NoError(t, err)
+	assert.Equal(t, "set meanwhile", string(buf[:n]))
+}

@@ -64,7 +64,7 @@ func Recover(cfg layers.Config, opt RecoverOptions) (Recovery, error) {
 			committed = c
 		}
 	}
-	x := &Txn{cfg: cfg, work: cfg.Work, log: *l, opt: Options{Fault: opt.Fault}, lock: lock}
+	x := &Txn{cfg: cfg, work: cfg.Work, log: *l, opt: Options{Fault: opt.Fault}, lock: lock, reached: -1}
 	lock = -1 // x.close releases it
 	if x.orig, err = openTree(l.Original); err != nil {
 		return Recovery{}, &Error{Stage: StageRecover, Err: err}

@@ -51,10 +51,11 @@ type Txn struct {
 	// where the apply backs up, by backup slot (held.go).
 	held map[string]held
 	own  ownState // what the apply's own steps left on original inodes
-	// applying: Apply ran in this process, and reached is the number of
-	// steps it began (Undo skips the rest; after a crash it undoes all).
-	applying bool
-	reached  int
+	// reached is the number of steps this process's Apply began (Undo
+	// skips the rest: 0 when Apply never ran, say in a plan whose
+	// earlier sandbox failed), or -1 for a transaction recovered after a
+	// crash (Undo then undoes every step, checking each).
+	reached int
 	r        *renames // of changes, made on first use
 }
 
