@@ -83,7 +83,11 @@ func (x *Txn) apply(i int) error {
 		if err := stripAttrs(x.txn, s); err != nil {
 			return err
 		}
-		return move(x.txn, s.Slot, x.orig, s.Path)
+		if err := move(x.txn, s.Slot, x.orig, s.Path); err != nil {
+			return err
+		}
+		return x.own.note(x.orig, s.Path) // its undo checks nobody wrote to it
+
 	case opAttach:
 		return move(x.txn, s.Slot, x.orig, s.Path)
 	case opMkdir:
@@ -194,6 +198,12 @@ func (x *Txn) undo(s *step) error {
 		if st.Ino != s.Ino {
 			return nil // not ours: never made, or an original directory restored
 		}
+		// Everything the commit put in it is undone by now: what is left
+		// another process made during the commit, and must not go with
+		// the transaction directory.
+		if names, err := x.orig.names(s.Path); err != nil || len(names) > 0 {
+			return fmt.Errorf("left in place: it holds %q, made in it by another process during the commit (%v)", names, err)
+		}
 		if busy, _, _ := x.txn.exists(s.Slot); busy {
 			return fmt.Errorf("slot %s is taken", s.Slot)
 		}
@@ -203,10 +213,22 @@ func (x *Txn) undo(s *step) error {
 		if err != nil || !ok || st.Ino != s.Ino {
 			return err // not ours, or never moved
 		}
+		if s.Kind == opInstall && !x.own.untouched(stateOf(&st)) {
+			// Another process wrote to the sandbox's object while the
+			// commit ran: moved back to the transaction directory, the
+			// write would go with it.
+			return fmt.Errorf("left in place: another process wrote to it during the commit")
+		}
 		if busy, _, _ := x.txn.exists(s.Slot); busy {
 			return fmt.Errorf("slot %s is taken", s.Slot)
 		}
-		return move(x.orig, s.Path, x.txn, s.Slot)
+		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
+			return err
+		}
+		if _, noted := x.own[st.Ino]; noted {
+			return x.own.note(x.txn, s.Slot) // the move changed its ctime, seen at its other names too
+		}
+		return nil
 	case opDetach:
 		ok, _, err := x.txn.exists(s.Slot)
 		if err != nil || !ok {
@@ -332,29 +354,28 @@ func (x *Txn) Finish() error {
 // cleanup; a failure after Prepare undoes what was applied.
 func Commit(x *Txn) error {
 	if err := x.Apply(); err != nil {
-		if uerr := x.Undo(); uerr != nil {
-			var ue *Error
-			if errors.As(uerr, &ue) {
-				ue.Cause = err
-				return ue
-			}
-			return errors.Join(err, uerr)
-		}
-		var ae *Error
-		if errors.As(err, &ae) {
-			ae.RolledBack = true
-		}
-		return err
+		return x.undoAfter(err)
 	}
 	if err := x.MarkCommitted(); err != nil {
-		if uerr := x.Undo(); uerr != nil {
-			return errors.Join(err, uerr)
-		}
-		var ae *Error
-		if errors.As(err, &ae) {
-			ae.RolledBack = true
-		}
-		return err
+		return x.undoAfter(err)
 	}
 	return x.Finish()
+}
+
+// undoAfter undoes the transaction after err: err, marked rolled back,
+// or the undo's own failure with err as its cause.
+func (x *Txn) undoAfter(err error) error {
+	if uerr := x.Undo(); uerr != nil {
+		var ue *Error
+		if errors.As(uerr, &ue) {
+			ue.Cause = err
+			return ue
+		}
+		return errors.Join(err, uerr)
+	}
+	var ae *Error
+	if errors.As(err, &ae) {
+		ae.RolledBack = true
+	}
+	return err
 }

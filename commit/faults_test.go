@@ -399,3 +399,66 @@ func TestUndoOfATransactionNeverApplied(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "set meanwhile", string(buf[:n]))
 }
+
+// TestWriteToWhatTheCommitPutInPlaceSurvivesItsUndo: while the commit
+// runs, another process writes to a file the commit installed, or makes
+// a file in a directory the commit made, and the commit is then undone
+// (here because the same process also wrote to a file the commit backed
+// up). Moved back into the transaction directory, the write would be
+// discarded with it: the undo leaves such an object in place and says
+// so, keeping the transaction directory (exit 8 from the CLI).
+func TestWriteToWhatTheCommitPutInPlaceSurvivesItsUndo(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sandbox func(s *sandbox)
+		other   func(t *testing.T, orig string)
+		path    string // left in place
+		want    map[string]string
+	}{
+		{"a file it installed, written", func(s *sandbox) { s.write("n", "sandbox n") },
+			func(t *testing.T, orig string) {
+				f, err := os.OpenFile(filepath.Join(orig, "n"), os.O_WRONLY|os.O_APPEND, 0)
+				require.NoError(t, err)
+				_, err = f.WriteString(" and more")
+				require.NoError(t, err)
+				require.NoError(t, f.Close())
+			},
+			"n", map[string]string{"n": "sandbox n and more"}},
+		{"a directory it made, given a file", func(s *sandbox) { s.mkdir("nd"); s.write("nd/x", "x") },
+			func(t *testing.T, orig string) { writeFile(t, filepath.Join(orig, "nd", "other"), "other") },
+			"nd", map[string]string{"nd/other": "other"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"f": "f"})
+			s.write("f", "sandbox f")
+			tc.sandbox(s)
+			s.done()
+			fd, err := unix.Open(filepath.Join(s.orig, "f"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			require.NoError(t, err)
+			defer unix.Close(fd)
+			x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+				if point == "applied" {
+					_, err := unix.Pwrite(fd, []byte("F"), 0)
+					require.NoError(t, err)
+					tc.other(t, s.orig)
+				}
+			}})
+			require.NoError(t, err)
+			err = Commit(x)
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, StageUndo, ce.Stage)
+			assert.Contains(t, ce.Paths, tc.path)
+			assert.NotEmpty(t, ce.Kept)
+			assert.Contains(t, err.Error(), "another process")
+			for p, want := range tc.want {
+				b, err := os.ReadFile(filepath.Join(s.orig, p))
+				require.NoError(t, err)
+				assert.Equal(t, want, string(b))
+			}
+			b, err := os.ReadFile(filepath.Join(s.orig, "f"))
+			require.NoError(t, err)
+			assert.Equal(t, "F", string(b), "the backed-up file is back, with the write")
+		})
+	}
+}

@@ -56,7 +56,7 @@ type Txn struct {
 	// earlier sandbox failed), or -1 for a transaction recovered after a
 	// crash (Undo then undoes every step, checking each).
 	reached int
-	r        *renames // of changes, made on first use
+	r       *renames // of changes, made on first use
 }
 
 // backupObj is an original object an apply moved from path to slot.
