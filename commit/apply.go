@@ -201,8 +201,12 @@ func (x *Txn) undo(s *step) error {
 		// Everything the commit put in it is undone by now: what is left
 		// another process made during the commit, and must not go with
 		// the transaction directory.
-		if names, err := x.orig.names(s.Path); err != nil || len(names) > 0 {
-			return fmt.Errorf("left in place: it holds %q, made in it by another process during the commit (%v)", names, err)
+		names, err := x.orig.names(s.Path)
+		if err != nil {
+			return err
+		}
+		if len(names) > 0 {
+			return fmt.Errorf("left in place: it holds %q, made in it by another process during the commit (to keep them, move them away, then run sbxfs recover)", names)
 		}
 		if busy, _, _ := x.txn.exists(s.Slot); busy {
 			return fmt.Errorf("slot %s is taken", s.Slot)
@@ -213,11 +217,11 @@ func (x *Txn) undo(s *step) error {
 		if err != nil || !ok || st.Ino != s.Ino {
 			return err // not ours, or never moved
 		}
-		if s.Kind == opInstall && !x.own.untouched(stateOf(&st)) {
+		if s.Kind == opInstall && (s.Staged.writtenSince(&st) || !x.own.untouched(stateOf(&st))) {
 			// Another process wrote to the sandbox's object while the
 			// commit ran: moved back to the transaction directory, the
 			// write would go with it.
-			return fmt.Errorf("left in place: another process wrote to it during the commit")
+			return fmt.Errorf("left in place: another process wrote to it during the commit (to keep that version, move it away, then run sbxfs recover)")
 		}
 		if busy, _, _ := x.txn.exists(s.Slot); busy {
 			return fmt.Errorf("slot %s is taken", s.Slot)

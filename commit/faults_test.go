@@ -406,7 +406,8 @@ func TestUndoOfATransactionNeverApplied(t *testing.T) {
 // (here because the same process also wrote to a file the commit backed
 // up). Moved back into the transaction directory, the write would be
 // discarded with it: the undo leaves such an object in place and says
-// so, keeping the transaction directory (exit 8 from the CLI).
+// so, keeping the transaction directory and the undo log (exit 8 from
+// the CLI); a later recovery does the same.
 func TestWriteToWhatTheCommitPutInPlaceSurvivesItsUndo(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -459,6 +460,18 @@ func TestWriteToWhatTheCommitPutInPlaceSurvivesItsUndo(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(s.orig, "f"))
 			require.NoError(t, err)
 			assert.Equal(t, "F", string(b), "the backed-up file is back, with the write")
+
+			// A recovery (another process, as every command runs first)
+			// knows it from the undo log, and leaves it in place too.
+			x.Close()
+			_, err = Recover(s.cfg, RecoverOptions{})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "another process")
+			for p, want := range tc.want {
+				b, err := os.ReadFile(filepath.Join(s.orig, p))
+				require.NoError(t, err)
+				assert.Equal(t, want, string(b), "after the recovery")
+			}
 		})
 	}
 }

@@ -293,7 +293,7 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 			if err := unix.Linkat(x.txn.fd, first.Slot, x.txn.fd, s.Slot, 0); err != nil {
 				return fmt.Errorf("stage %s: %w", upper, err)
 			}
-			s.Ino, s.Strip = first.Ino, first.Strip
+			s.Ino, s.Strip, s.Staged = first.Ino, first.Strip, first.Staged
 			return nil
 		}
 		ino, strip, err := stageObject(upper, x.txn, s.Slot, sameFS)
@@ -301,7 +301,13 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 		if st.Nlink > 1 {
 			staged[key] = s
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		if ss, err := x.txn.lstat(s.Slot); err == nil && ss.Mode&unix.S_IFMT == unix.S_IFREG {
+			s.Staged = &stagedFile{Size: ss.Size, Mtime: unix.TimespecToNsec(ss.Mtim)}
+		}
+		return nil
 	case opMkdir:
 		// The new directory is made in the transaction directory and
 		// moved in like a staged file, so its inode is in the undo log and

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxfs/sbxfs/fsutil"
 )
 
@@ -47,6 +49,22 @@ type step struct {
 	Strip map[string][]byte `json:"strip,omitempty"`
 	Old   *meta             `json:"old,omitempty"` // metadata before (meta)
 	New   *meta             `json:"new,omitempty"` // metadata after (meta)
+	// Staged is the size and mtime of a staged file (install): an undo
+	// leaves in place an installed file that no longer has them, written
+	// to by another process during the commit. Absent in older logs.
+	Staged *stagedFile `json:"staged,omitempty"`
+}
+
+// stagedFile is what a write to an installed file changes.
+type stagedFile struct {
+	Size  int64 `json:"size"`
+	Mtime int64 `json:"mtime"` // ns
+}
+
+// writtenSince reports whether st, the installed object, is not the
+// file staged as f (nil: not recorded, so not known to be).
+func (f *stagedFile) writtenSince(st *unix.Stat_t) bool {
+	return f != nil && (st.Size != f.Size || unix.TimespecToNsec(st.Mtim) != f.Mtime)
 }
 
 // meta is the metadata a meta step sets or restores.
