@@ -360,3 +360,45 @@ func TestRenameIntoANewDirectoryExchangedWithAnOriginalOne(t *testing.T) {
 	s.exchange("n", "a")
 	s.commitMatchesRef()
 }
+
+// TestCommitOfNewObjectsMovedAbout: objects the sandbox made, moved onto
+// or out of the paths of original ones. A made object moved away has no
+// original counterpart, whatever its old path maps to through its
+// directory: until 2026-11-26 (found by TestDifferentialCommit, seed
+// 169089243) a new file moved over an original one and then removed
+// hid that original's removal (status had no D for it, and the commit
+// left it in place) when the new file's old path was an original one
+// moved away. And an original directory moved onto an empty directory
+// the sandbox made is that original directory, with what it holds,
+// wherever it goes next (the first fix took it for the new one).
+func TestCommitOfNewObjectsMovedAbout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		do   func(s *sandbox)
+	}{
+		{"a new file moved over an original one, then removed", func(s *sandbox) {
+			s.rename("a/b", "x")
+			s.write("a/b", "new")
+			s.rename("a/b", "a/f45")
+			s.remove("a/f45")
+		}},
+		{"a new link moved over an original file, then removed", func(s *sandbox) {
+			s.rename("a/b", "x")
+			s.link("f44", "a/b")
+			s.rename("a/b", "a/f45")
+			s.remove("a/f45")
+		}},
+		{"an original directory moved onto a new empty one, moved on, then changed", func(s *sandbox) {
+			s.mkdir("p")
+			s.rename("d", "p")
+			s.rename("p", "q")
+			s.write("q/sub/f", "changed")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"a/b": "b", "a/f45": "f45", "a/k": "k", "f44": "f44", "d/sub/f": "f"})
+			tc.do(s)
+			s.commitMatchesRef()
+		})
+	}
+}

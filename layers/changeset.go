@@ -80,6 +80,11 @@ type touched struct {
 	times map[string]bool // path -> times set explicitly (utimensat)
 	from  map[string]string
 	link  map[string]string
+	// made holds the paths whose object the sandbox made (created,
+	// linked as a new name): moved, such an object has no original
+	// counterpart (from gets madeHere), whatever original its old path
+	// would map to through its directory.
+	made map[string]bool
 	// linkRev inverts link (the other name -> the names linked to it),
 	// and index holds every path of the maps above, so that a rename
 	// finds what it moves without a scan of them all.
@@ -97,7 +102,7 @@ type touched struct {
 
 func replay(recs []Record) *touched {
 	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
-		linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]uint32{}, dirs: dirCache{}}
+		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]uint32{}, dirs: dirCache{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
@@ -123,6 +128,13 @@ func replay(recs []Record) *touched {
 			t.touch(r.Path, true)
 			t.touch(r.Path2, true)
 			t.setLink(r.Path, r.Path2)
+			t.made[r.Path] = true
+		case OpCreate, OpMkdir, OpMknod, OpSymlink:
+			t.touch(r.Path, true)
+			t.made[r.Path] = true
+		case OpUnlink, OpRmdir:
+			t.touch(r.Path, true)
+			delete(t.made, r.Path)
 		default:
 			t.touch(r.Path, true)
 		}
@@ -154,6 +166,10 @@ func (t *touched) setLink(k, v string) {
 // the keys of every map, and the other name of a link.
 func (t *touched) move(old, new string) {
 	origFrom := t.counterpart(old)
+	if t.made[old] {
+		origFrom = madeHere
+	}
+	delete(t.made, new) // what the rename replaces there is gone
 	for _, p := range t.index.take(old) {
 		np := new + p[len(old):]
 		if v, ok := t.from[p]; ok {
@@ -169,7 +185,7 @@ func (t *touched) move(old, new string) {
 			t.setLink(k, np)
 		}
 		delete(t.linkRev, p)
-		for _, m := range []map[string]bool{t.paths, t.times} {
+		for _, m := range []map[string]bool{t.paths, t.times, t.made} {
 			if v, ok := m[p]; ok {
 				delete(m, p)
 				m[np] = v
@@ -181,6 +197,11 @@ func (t *touched) move(old, new string) {
 	t.touch(new, true)
 	t.from[new] = origFrom
 }
+
+// madeHere is the counterpart of an object the sandbox made, once moved
+// (and, below it, of what it holds): no original path, never found in
+// the original.
+const madeHere = "\x00made"
 
 func (t *touched) exchange(a, b string) {
 	tmp := "\x00exchange"
@@ -779,8 +800,12 @@ func (l *Layers) lowerInPlace(dirs dirCache, p string) (*lowerHit, bool, error) 
 	return first, true, nil
 }
 
-// resolveLower looks p up in the lower layers only: the original.
+// resolveLower looks p up in the lower layers only: the original. A
+// counterpart beneath madeHere is in no original.
 func (l *Layers) resolveLower(p string) (*lowerHit, bool, error) {
+	if strings.HasPrefix(p, madeHere) {
+		return nil, false, nil
+	}
 	var cur []Origin
 	for i := range l.lowers {
 		cur = append(cur, Origin{Layer: i})

@@ -15,12 +15,12 @@ import (
 // rename scans every path kept so far. It is the reference the indexed
 // replay must agree with.
 type naiveTouched struct {
-	paths, times map[string]bool
-	from, link   map[string]string
+	paths, times, made map[string]bool
+	from, link         map[string]string
 }
 
 func naiveReplay(recs []Record) naiveTouched {
-	t := naiveTouched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{}}
+	t := naiveTouched{paths: map[string]bool{}, times: map[string]bool{}, made: map[string]bool{}, from: map[string]string{}, link: map[string]string{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase:
@@ -43,6 +43,13 @@ func naiveReplay(recs []Record) naiveTouched {
 			t.paths[r.Path] = true
 			t.paths[r.Path2] = true
 			t.link[r.Path] = r.Path2
+			t.made[r.Path] = true
+		case OpCreate, OpMkdir, OpMknod, OpSymlink:
+			t.paths[r.Path] = true
+			t.made[r.Path] = true
+		case OpUnlink, OpRmdir:
+			t.paths[r.Path] = true
+			delete(t.made, r.Path)
 		default:
 			t.paths[r.Path] = true
 		}
@@ -52,6 +59,10 @@ func naiveReplay(recs []Record) naiveTouched {
 
 func (t naiveTouched) move(old, new string) {
 	origFrom := Counterpart(t.from, old)
+	if t.made[old] {
+		origFrom = madeHere
+	}
+	delete(t.made, new)
 	for _, m := range []map[string]string{t.from, t.link} {
 		for k, v := range m {
 			if nk, ok := underPrefix(k, old, new); ok {
@@ -65,7 +76,7 @@ func (t naiveTouched) move(old, new string) {
 			t.link[k] = nv
 		}
 	}
-	for _, m := range []map[string]bool{t.paths, t.times} {
+	for _, m := range []map[string]bool{t.paths, t.times, t.made} {
 		for k, v := range m {
 			if nk, ok := underPrefix(k, old, new); ok {
 				delete(m, k)
@@ -94,7 +105,7 @@ func underPrefix(p, old, new string) (string, bool) {
 // times, renames and links as the scan-everything replay did.
 func TestReplayAgreesWithTheNaiveOne(t *testing.T) {
 	names := []string{"a", "b", "c", "a/b", "a/c", "b/a", "a/b/c", "c/a/b", "d"}
-	ops := []Op{OpCreate, OpMkdir, OpWrite, OpUnlink, OpLink, OpRename, OpRename, OpRename, OpSetattr, OpSetxattr}
+	ops := []Op{OpCreate, OpMkdir, OpWrite, OpUnlink, OpRmdir, OpLink, OpRename, OpRename, OpRename, OpSetattr, OpSetxattr}
 	for seed := int64(1); seed <= 500; seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		var recs []Record
@@ -125,6 +136,7 @@ func TestReplayAgreesWithTheNaiveOne(t *testing.T) {
 			{"times", maps.Equal(got.times, want.times)},
 			{"from", maps.Equal(got.from, want.from)},
 			{"link", maps.Equal(got.link, want.link)},
+			{"made", maps.Equal(got.made, want.made)},
 		} {
 			if !c.eq {
 				t.Fatalf("seed %d: %s differ\njournal: %v\ngot  paths %v times %v from %v link %v\nwant paths %v times %v from %v link %v",
