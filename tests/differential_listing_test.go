@@ -49,9 +49,17 @@ func (r *diffRun) checkListing() {
 		}
 		return false
 	}
+	// exists reports whether the tree at root has p, never through a
+	// symlink: a directory replaced by a symlink holds nothing.
 	exists := func(root, p string) bool {
-		_, err := os.Lstat(filepath.Join(root, p))
-		return err == nil
+		parts := strings.Split(p, "/")
+		for i := range parts {
+			st, err := os.Lstat(filepath.Join(root, filepath.Join(parts[:i+1]...)))
+			if err != nil || i < len(parts)-1 && !st.IsDir() {
+				return false
+			}
+		}
+		return true
 	}
 	removed := map[string]bool{}
 	var bad []string
