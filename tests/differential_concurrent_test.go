@@ -70,13 +70,9 @@ func TestDifferentialWriteDuringCommit(t *testing.T) {
 }
 
 func writeDuringCommit(t *testing.T, seed int64, ops int) {
-	// Odd seeds give the original hard links: the apply's own steps then
-	// change inodes seen at other paths too.
-	r := newDiffRunGuard(t, seed, false, seed%2 == 1 && !*flagDiffNoLinks, *flagDiffOpSet)
-	r.run(ops)
-	r.compareTrees("before the commit")
-	r.closeFds()
-	r.links.release()
+	// (Odd seeds: the apply's own steps change inodes seen at other
+	// paths too.)
+	r := concurrentHistory(t, seed, ops)
 	if err := r.sb.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -129,13 +125,20 @@ type otherWrite struct {
 	uid   uint32 // the owner, when the other writer set it
 }
 
-func concurrentCommit(t *testing.T, seed int64, ops int) {
-	// Odd seeds give the original hard links.
+// concurrentHistory runs a random history of ops operations through the
+// mount and checks it; odd seeds give the original hard links. Nothing
+// stays open.
+func concurrentHistory(t *testing.T, seed int64, ops int) *diffRun {
 	r := newDiffRunGuard(t, seed, false, seed%2 == 1 && !*flagDiffNoLinks, *flagDiffOpSet)
 	r.run(ops)
 	r.compareTrees("before the other writer")
 	r.closeFds()
 	r.links.release()
+	return r
+}
+
+func concurrentCommit(t *testing.T, seed int64, ops int) {
+	r := concurrentHistory(t, seed, ops)
 
 	wrote, touched := r.otherWriter()
 	left, err := walkTree(r.sb.orig, unchangedOpts)
