@@ -320,7 +320,10 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 func takesAway(r renames, c layers.Change) (string, bool) {
 	switch c.Kind {
 	case layers.Deleted, layers.Created, layers.Modified, layers.Linked:
-		return conflictKey(r, c), true
+		// Only where the original's object there still stands at c's
+		// path once the renamed directories are in place: in a new
+		// directory exchanged for an original one, it went along.
+		return r.replacedAt(c.Path)
 	case layers.Renamed:
 		if p, ok := r.replacedAt(c.Path); ok && p != c.From {
 			return p, true

@@ -402,3 +402,19 @@ func TestCommitOfNewObjectsMovedAbout(t *testing.T) {
 		})
 	}
 }
+
+// TestNewObjectInANewDirectoryExchangedWithAnOriginalOne: a symlink b
+// made in a new directory n, n exchanged with the original a (which has
+// a directory a/b of its own), then linked. The original's a/b moves
+// with a to n: the new a/b replaces nothing of the original's, and the
+// files in the original's a/b are no conflict (they were, since
+// 09a4e47 earlier this day: TestDifferentialWriteDuringCommit, seed
+// 317368061).
+func TestNewObjectInANewDirectoryExchangedWithAnOriginalOne(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a/b/f": "f", "a/g": "g"})
+	s.mkdir("n")
+	s.symlink("missing", "n/b")
+	s.exchange("n", "a")
+	s.link("a/b", "x")
+	s.commitMatchesRef()
+}
