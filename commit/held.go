@@ -20,7 +20,11 @@ import (
 // metadata over someone else's.
 type held struct {
 	there bool
-	st    objState
+	// unknown: the check's look met a symlink on the way (the original
+	// changing under it, a directory swapped for a moment): nothing is
+	// expected of the path.
+	unknown bool
+	st      objState
 	// beneath is, for a directory, every object beneath it by its path
 	// relative to the directory.
 	beneath map[string]objState
@@ -77,7 +81,11 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 			continue
 		}
 		var h held
-		there, st, err := orig.inTree(p)
+		there, st, err := orig.exists(p)
+		if errors.Is(err, unix.ELOOP) {
+			out[key] = held{unknown: true}
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -166,6 +174,9 @@ func unchanged(was, now objState) bool {
 // changed. Objects gone are no change (the apply moves renamed
 // directories out first; what another writer took away is not lost).
 func (h held) changedSince(t *tree, rel string, own ownState) (string, string, error) {
+	if h.unknown {
+		return "", "", nil
+	}
 	st, err := t.lstat(rel)
 	if errors.Is(err, unix.ENOENT) {
 		return "", "", nil
@@ -199,6 +210,7 @@ func (h held) changedSince(t *tree, rel string, own ownState) (string, string, e
 // is, or what the apply's own steps made of it).
 func (h held) topChange(own ownState, now objState) string {
 	switch {
+	case h.unknown:
 	case !h.there:
 		return madeDuringCommit
 	case !unchanged(own.expect(h.st), now):
