@@ -63,11 +63,23 @@ func (x *Txn) apply(i int) error {
 				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: reason}}, Err: ErrConflict}
 			}
 		}
+		if !backup && s.Ino != 0 && before.Ino != s.Ino {
+			// A directory to move aside, renamed in the sandbox: another
+			// object in its place (a symlink swapped in) must not come
+			// back under the new name.
+			x.reached = i
+			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+		}
 		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
 			return err
 		}
 		if !backup {
-			return nil
+			if after, err := x.txn.lstat(s.Slot); err != nil || s.Ino == 0 || after.Ino == s.Ino {
+				return err
+			}
+			// Swapped in between the look and the move: the undo
+			// puts it back.
+			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
 		}
 		x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot})
 		after, err := x.txn.lstat(s.Slot)

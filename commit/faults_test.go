@@ -475,3 +475,78 @@ func TestWriteToWhatTheCommitPutInPlaceSurvivesItsUndo(t *testing.T) {
 		})
 	}
 }
+
+// TestMetadataStepOfAnOriginalUnreadableAtStaging: between the conflict
+// check and the staging, another process swaps a directory whose mode the
+// sandbox changed for a symlink, and swaps it back before the apply. The
+// staging could not read the metadata the undo would set back: the
+// commit must fail there, the original untouched, rather than apply a
+// step it cannot undo.
+func TestMetadataStepOfAnOriginalUnreadableAtStaging(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/sub/f": "f", "a": "a"})
+	s.chmod("d/sub", 0o700)
+	s.write("a", "sandbox")
+	s.done()
+	before := snapshot(t, s.orig)
+	d, swap := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.swap")
+	require.NoError(t, os.Symlink(t.TempDir(), swap))
+	swapped := false
+	exchange := func() {
+		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
+		swapped = !swapped
+	}
+	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+		if point == "checked" || point == "staged" && swapped {
+			exchange()
+		}
+	}})
+	if swapped {
+		exchange()
+	}
+	if err == nil {
+		// Applied, then undone: the undo must set the old mode back.
+		require.NoError(t, x.Apply())
+		require.NoError(t, x.Undo())
+	}
+	require.NoError(t, os.Remove(swap))
+	assert.Equal(t, before, snapshot(t, s.orig), "the original as it was")
+	var ce *Error
+	require.ErrorAs(t, err, &ce, "the staging could not read d/sub")
+	assert.Equal(t, StagePrepare, ce.Stage)
+	assert.ErrorIs(t, err, unix.ELOOP)
+	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
+}
+
+// TestRenamedDirectorySwappedForASymlinkBeforeTheApply: after the
+// staging, another process swaps a directory the sandbox renamed for a
+// symlink. The apply must not move the symlink under the new name (its
+// undo then left it there and the directory nowhere): the directory is
+// not the one staged, a conflict, and the original is as the other
+// process left it.
+func TestRenamedDirectorySwappedForASymlinkBeforeTheApply(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/f": "f", "d/g": "g", "a": "a"})
+	s.write("d/f", "sandbox")
+	s.rename("d", "renamed")
+	s.done()
+	before := snapshot(t, s.orig)
+	d, swap := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.swap")
+	require.NoError(t, os.Symlink(t.TempDir(), swap))
+	exchange := func() {
+		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
+	}
+	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+		if point == "staged" {
+			exchange()
+		}
+	}})
+	require.NoError(t, err)
+	err = Commit(x)
+	exchange()
+	require.NoError(t, os.Remove(swap), "d.swap is the symlink again")
+	assertChangedDuringCommit(t, err, "d", changedDuringCommit)
+	assert.Equal(t, before, snapshot(t, s.orig), "the original as it was")
+	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
+	b, err := os.ReadFile(filepath.Join(s.orig, "renamed/f"))
+	require.NoError(t, err)
+	assert.Equal(t, "sandbox", string(b))
+}

@@ -26,7 +26,7 @@ type Options struct {
 
 // FaultPoints are the named points between the steps of a commit and of
 // its recovery, in order.
-var FaultPoints = []string{"staged", "prepared", "applying", "applied", "committed", "cleaned"}
+var FaultPoints = []string{"checked", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
 
 // RecoveryFaultPoints are the named points inside an undo.
 var RecoveryFaultPoints = []string{"undoing"}
@@ -151,6 +151,7 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 		x.closeTrees()
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
+	x.fault("checked")
 	if err := x.stage(cs, steps); err != nil {
 		x.discardStage()
 		x.closeTrees()
@@ -325,6 +326,16 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 			return err
 		}
 		s.Ino = ds.Ino
+	case opDetach:
+		if strings.HasPrefix(s.Slot, "m/") {
+			// A directory moved aside to come back renamed: the apply
+			// moves that directory, not whatever is at its path then.
+			st, err := x.orig.lstat(s.Path)
+			if err != nil {
+				return fmt.Errorf("renamed directory %s: %w", s.Path, err)
+			}
+			s.Ino = st.Ino
+		}
 	case opAttach:
 		st, err := x.orig.lstat(r.original(s.Path))
 		if err != nil {
@@ -341,12 +352,22 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 		if err != nil {
 			return err
 		}
+		// What the undo sets back. Nothing there (the commit puts the
+		// object there) is nothing to set back; a path that cannot be
+		// read (a symlink swapped in on the way) fails the commit now:
+		// applied without its old metadata, the step could not be undone.
 		o := r.original(s.Path)
-		if st, err := x.orig.lstat(o); err == nil {
-			if old, err := x.orig.metaAt(o); err == nil {
-				s.Old, s.Ino = old, st.Ino
-			}
+		there, st, err := x.orig.exists(o)
+		if err == nil && !there {
+			return nil
 		}
+		if err != nil {
+			return fmt.Errorf("read the original's metadata of %s: %w", o, err)
+		}
+		if s.Old, err = x.orig.metaAt(o); err != nil {
+			return fmt.Errorf("read the original's metadata of %s: %w", o, err)
+		}
+		s.Ino = st.Ino
 	}
 	return nil
 }

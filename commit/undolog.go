@@ -42,7 +42,7 @@ type step struct {
 	Kind opKind `json:"kind"`
 	Path string `json:"path"`
 	Slot string `json:"slot,omitempty"`
-	Ino  uint64 `json:"ino,omitempty"` // the object the step moves (attach, install) or sets the metadata of (meta)
+	Ino  uint64 `json:"ino,omitempty"` // the object the step moves (attach, install, detach to an m/ slot) or sets the metadata of (meta)
 	Mode uint32 `json:"mode,omitempty"`
 	// Strip holds the overlay attributes removed from a staged object that
 	// shares its inode with the upper; undo puts them back.

@@ -705,8 +705,12 @@ func symlinkSwapRounds(t *testing.T, rename bool) {
 			if unix.Lstat(d, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
 				require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
 			}
-			require.NoError(t, os.Remove(swap), "d.swap must be the symlink again")
 			t.Logf("%d swaps during the commit; %s", swaps.Load(), r)
+			if err := os.Remove(swap); err != nil {
+				out, _ := runTimeout(10*time.Second, "find", orig, sb.work, "-maxdepth", "3", "-printf", "%y %i %p -> %l\n")
+				undo, _ := os.ReadFile(filepath.Join(sb.work, "commit.json"))
+				t.Fatalf("d.swap must be the symlink again: %v\nundo log: %s\nfiles:\n%s", err, undo, out)
+			}
 			if r.code == 0 {
 				assertSameTree(t, view, mustWalk(t, orig, viewOpts), "the original after a commit that succeeded")
 				return
