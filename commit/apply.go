@@ -198,7 +198,14 @@ func (x *Txn) undo(s *step) error {
 			// metadata, not this one's.
 			return nil
 		}
-		return x.orig.setMeta(s.Path, s.Old)
+		cur, err := x.orig.metaAt(s.Path)
+		if err != nil {
+			return err
+		}
+		if back := revertMeta(cur, s.Old, s.New); back != nil {
+			return x.orig.setMeta(s.Path, back)
+		}
+		return nil
 	case opMkdir:
 		ok, st, err := x.orig.exists(s.Path)
 		if err != nil || !ok || st.Mode&unix.S_IFMT != unix.S_IFDIR {

@@ -550,3 +550,62 @@ func TestRenamedDirectorySwappedForASymlinkBeforeTheApply(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "sandbox", string(b))
 }
+
+// TestMetadataSetDuringTheCommitSurvivesItsUndo: the apply gives a file
+// the sandbox's mode and an attribute; then another process changes its
+// mode and sets an attribute of its own, and the commit is undone (in the
+// same process after a conflict, or by a recovery after a crash). The
+// undo sets back what the step set and nobody changed since (the
+// sandbox's attribute goes), and keeps the other process's mode and
+// attribute: until 2026-11-26 it set the whole old metadata back.
+func TestMetadataSetDuringTheCommitSurvivesItsUndo(t *testing.T) {
+	for _, how := range []string{"undo", "recovery"} {
+		t.Run(how, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"f": "f", "g": "g"})
+			s.chmod("f", 0o600)
+			s.setxattr("f", "user.sandbox", "s")
+			s.write("g", "sandbox g")
+			s.done()
+			p := filepath.Join(s.orig, "f")
+			fd, err := unix.Open(filepath.Join(s.orig, "g"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			require.NoError(t, err)
+			defer unix.Close(fd)
+			other := func() {
+				st, err := os.Stat(p)
+				require.NoError(t, err)
+				require.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "the apply set the sandbox's mode")
+				require.NoError(t, os.Chmod(p, 0o640))
+				require.NoError(t, unix.Setxattr(p, "user.other", []byte("o"), 0))
+				_, err = unix.Pwrite(fd, []byte("G"), 0) // a conflict: the commit is undone
+				require.NoError(t, err)
+			}
+			x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+				if point == "applied" {
+					other()
+				}
+			}})
+			require.NoError(t, err)
+			if how == "undo" {
+				assertChangedDuringCommit(t, Commit(x), "g", changedDuringCommit)
+			} else {
+				require.NoError(t, x.Apply())
+				x.Close() // as a crash would leave it
+				r, err := Recover(s.cfg, RecoverOptions{})
+				require.NoError(t, err)
+				assert.Equal(t, "undone", r.Action)
+			}
+			st, err := os.Stat(p)
+			require.NoError(t, err)
+			assert.Equal(t, os.FileMode(0o640), st.Mode().Perm(), "the other process's mode")
+			buf := make([]byte, 16)
+			n, err := unix.Getxattr(p, "user.other", buf)
+			require.NoError(t, err)
+			assert.Equal(t, "o", string(buf[:n]), "the other process's attribute")
+			_, err = unix.Getxattr(p, "user.sandbox", buf)
+			assert.ErrorIs(t, err, unix.ENODATA, "the sandbox's attribute is undone")
+			b, err := os.ReadFile(filepath.Join(s.orig, "g"))
+			require.NoError(t, err)
+			assert.Equal(t, "G", string(b), "the backed-up file is back, with the write")
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -170,4 +171,52 @@ func (t *tree) setRootMeta(m *meta) error {
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(m.Atime), unix.NsecToTimespec(m.Mtime)}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
+}
+
+// revertMeta is what the undo of a metadata step sets: cur, the object's
+// metadata now, with each part the step set (cur has New's) back to
+// old's. A part another process changed since keeps that change, and a
+// part the step never reached (an apply that stopped, or crashed, before
+// it or within it) is left as it is. nil: nothing to set back. The
+// owner goes as one part, the times with the mtime (an atime moves on
+// any read), each attribute by itself.
+func revertMeta(cur, old, new *meta) *meta {
+	back := *cur
+	changed := false
+	if cur.Uid == new.Uid && cur.Gid == new.Gid && (cur.Uid != old.Uid || cur.Gid != old.Gid) {
+		back.Uid, back.Gid, changed = old.Uid, old.Gid, true
+	}
+	if perm := cur.Mode & 0o7777; perm == new.Mode&0o7777 && perm != old.Mode&0o7777 {
+		back.Mode, changed = cur.Mode&^0o7777|old.Mode&0o7777, true
+	}
+	if cur.Mtime == new.Mtime && (cur.Mtime != old.Mtime || cur.Atime != old.Atime) {
+		back.Atime, back.Mtime, changed = old.Atime, old.Mtime, true
+	}
+	back.Xattrs = map[string][]byte{}
+	for n, v := range cur.Xattrs {
+		back.Xattrs[n] = v
+	}
+	for _, m := range []map[string][]byte{old.Xattrs, new.Xattrs} {
+		for n := range m {
+			c, inCur := cur.Xattrs[n]
+			w, inNew := new.Xattrs[n]
+			if inCur != inNew || !bytes.Equal(c, w) {
+				continue // not as the step left it
+			}
+			o, inOld := old.Xattrs[n]
+			if inOld == inCur && bytes.Equal(o, c) {
+				continue
+			}
+			if inOld {
+				back.Xattrs[n] = o
+			} else {
+				delete(back.Xattrs, n)
+			}
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return &back
 }

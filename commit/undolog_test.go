@@ -2,6 +2,7 @@ package commit
 
 import (
 	"encoding/json"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,4 +56,36 @@ func FuzzDecodeUndoLog(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRevertMeta: the undo of a metadata step sets back each part the
+// step set, and leaves each part another process changed since, or the
+// step never reached (an apply that crashed within setMeta).
+func TestRevertMeta(t *testing.T) {
+	old := &meta{Mode: 0o100644, Uid: 1, Gid: 1, Atime: 10, Mtime: 10, Xattrs: map[string][]byte{"user.a": []byte("old"), "user.gone": []byte("g")}}
+	new := &meta{Mode: 0o100600, Uid: 2, Gid: 2, Atime: 20, Mtime: 20, Xattrs: map[string][]byte{"user.a": []byte("new"), "user.b": []byte("new")}}
+	with := func(m meta, f func(m *meta)) *meta {
+		m.Xattrs = maps.Clone(m.Xattrs)
+		f(&m)
+		return &m
+	}
+	for _, tc := range []struct {
+		name string
+		cur  *meta
+		want *meta // nil: nothing to set
+	}{
+		{"as the step left it", new, old},
+		{"never reached", old, nil},
+		{"mode changed since", with(*new, func(m *meta) { m.Mode = 0o100640 }),
+			with(*old, func(m *meta) { m.Mode = 0o100640 })},
+		{"owner set, nothing else", with(*old, func(m *meta) { m.Uid, m.Gid = 2, 2 }), old},
+		{"written since (mtime)", with(*new, func(m *meta) { m.Mtime = 30 }),
+			with(*old, func(m *meta) { m.Atime, m.Mtime = 20, 30 })},
+		{"attributes changed since", with(*new, func(m *meta) { m.Xattrs["user.a"] = []byte("other"); m.Xattrs["user.c"] = []byte("c") }),
+			with(*old, func(m *meta) { m.Xattrs["user.a"] = []byte("other"); m.Xattrs["user.c"] = []byte("c") })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, revertMeta(tc.cur, old, new))
+		})
+	}
 }
