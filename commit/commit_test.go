@@ -318,6 +318,25 @@ func TestCommitAppliesEveryKindOfChange(t *testing.T) {
 	}
 }
 
+// TestNewDirectoriesWhereTheOriginalHasASymlink: the sandbox replaced a
+// symlink of the original by a directory with a directory in it. The
+// original's path of the inner one has the symlink on the way: the
+// staging reads no old metadata of a new object (the commit failed with
+// "too many levels of symbolic links" for a day).
+func TestNewDirectoriesWhereTheOriginalHasASymlink(t *testing.T) {
+	s := newSandbox(t, base)
+	s.remove("oldlink")
+	s.mkdir("oldlink")
+	s.mkdir("oldlink/sub")
+	s.write("oldlink/sub/f", "f")
+	s.rename("tree", "moved")
+	s.remove("moved/deep/x")
+	s.remove("moved/deep")
+	s.symlink("keep", "moved/deep")
+	s.mkdir("moved/deep2")
+	s.commitMatchesRef()
+}
+
 func TestCommitMovesDirectoryAsOne(t *testing.T) {
 	s := newSandbox(t, map[string]string{"big/a": "1", "big/b/c": "2"})
 	var st1 unix.Stat_t

@@ -268,8 +268,14 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 	r := newRenames(cs)
 	x.log.Steps = steps
 	staged := map[[2]uint64]*step{} // upper inode -> its first install
+	made := map[string]bool{}       // final paths that get a new object
+	for _, s := range steps {
+		if s.Kind == opInstall || s.Kind == opMkdir {
+			made[s.Path] = true
+		}
+	}
 	for i := range x.log.Steps {
-		if err := x.fill(&x.log.Steps[i], r, sameFS, staged); err != nil {
+		if err := x.fill(&x.log.Steps[i], r, sameFS, staged, made); err != nil {
 			return err
 		}
 	}
@@ -281,7 +287,7 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 // attach moves.
 // Names of one upper inode (hard links) are staged as one inode: linked
 // from the upper, or copied once and linked within the transaction.
-func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) error {
+func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, made map[string]bool) error {
 	upper := filepath.Join(x.cfg.Upper, s.Path)
 	switch s.Kind {
 	case opInstall:
@@ -352,10 +358,14 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step) 
 		if err != nil {
 			return err
 		}
-		// What the undo sets back. Nothing there (the commit puts the
-		// object there) is nothing to set back; a path that cannot be
-		// read (a symlink swapped in on the way) fails the commit now:
-		// applied without its old metadata, the step could not be undone.
+		// What the undo sets back: nothing for a new object (the undo
+		// takes it away), nor where the original has nothing. A path
+		// that cannot be read (a symlink swapped in on the way) fails
+		// the commit now: applied without its old metadata, the step
+		// could not be undone.
+		if made[s.Path] {
+			return nil
+		}
 		o := r.original(s.Path)
 		there, st, err := x.orig.exists(o)
 		if err == nil && !there {
