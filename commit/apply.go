@@ -248,7 +248,7 @@ func (x *Txn) undo(s *step) error {
 		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
 			return err
 		}
-		if _, noted := x.own[st.Ino]; noted {
+		if x.own.noted(&st) {
 			return x.own.note(x.txn, s.Slot) // the move changed its ctime, seen at its other names too
 		}
 		return nil

@@ -35,15 +35,20 @@ type held struct {
 // ctime, for the last two). A third of a unix.Stat_t, for a directory
 // of a million entries removed.
 type objState struct {
-	ino        uint64
+	dev, ino   uint64
 	mode       uint32
 	size       int64
 	mtim, ctim unix.Timespec
 }
 
 func stateOf(st *unix.Stat_t) objState {
-	return objState{ino: st.Ino, mode: st.Mode, size: st.Size, mtim: st.Mtim, ctim: st.Ctim}
+	return objState{dev: st.Dev, ino: st.Ino, mode: st.Mode, size: st.Size, mtim: st.Mtim, ctim: st.Ctim}
 }
+
+// inode names an object across the originals of a plan.
+type inode struct{ dev, ino uint64 }
+
+func (s objState) inode() inode { return inode{s.dev, s.ino} }
 
 func (s objState) isDir() bool { return s.mode&unix.S_IFMT == unix.S_IFDIR }
 
@@ -118,32 +123,49 @@ func within(dirs map[string]string, p, o string) bool {
 // ownState is the state the apply's own steps left on original inodes
 // (moved into the backups, given the sandbox's metadata): what to expect
 // of them since, rather than what the check saw. A hard link of the
-// original shows one inode at several paths.
-type ownState map[uint64]objState
+// original shows one inode at several paths; the sandboxes of a plan
+// share one ownState (Options.Applied), as their originals may share
+// inodes.
+type ownState map[inode]objState
 
 // note records what t has at rel now as the apply's own doing.
 func (o ownState) note(t *tree, rel string) error {
 	st, err := t.lstat(rel)
 	if err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		o[st.Ino] = stateOf(&st)
+		o[inode{st.Dev, st.Ino}] = stateOf(&st)
 	}
 	return err
 }
 
+// noted reports whether the apply's own steps changed the inode of st.
+func (o ownState) noted(st *unix.Stat_t) bool {
+	_, ok := o[inode{st.Dev, st.Ino}]
+	return ok
+}
+
 // expect is the state to expect of the object the check saw as s.
 func (o ownState) expect(s objState) objState {
-	if own, ok := o[s.ino]; ok {
+	if own, ok := o[s.inode()]; ok {
 		return own
 	}
 	return s
 }
+
+// Applied is what the applies of several transactions did to their
+// originals' inodes. The transactions of one plan share one (see
+// Options.Applied): an original file hard-linked into another original
+// of the plan is changed by one apply and looked at by another.
+type Applied struct{ own ownState }
+
+// NewApplied returns an empty Applied.
+func NewApplied() *Applied { return &Applied{own: ownState{}} }
 
 // untouched reports whether st, an object the apply moved, is as the
 // apply left it. Without a record (a directory, whose entries are
 // checked on their own, or an undo after a crash, which has none) it is
 // taken to be.
 func (o ownState) untouched(s objState) bool {
-	own, ok := o[s.ino]
+	own, ok := o[s.inode()]
 	return !ok || unchanged(own, s)
 }
 
@@ -153,7 +175,7 @@ func (o ownState) applied(s objState) bool {
 	if o == nil || s.isDir() {
 		return true
 	}
-	_, ok := o[s.ino]
+	_, ok := o[s.inode()]
 	return ok
 }
 

@@ -22,6 +22,11 @@ type Options struct {
 	// Fault, when set, is called at each named point of the protocol
 	// (tests kill the process there). See FaultPoints.
 	Fault func(point string)
+	// Applied, when set, is shared with the other transactions of a
+	// plan, applied one after the other: what one apply did to an inode
+	// hard-linked into another original is then no change by another
+	// writer to the others. Nil: this transaction's own.
+	Applied *Applied
 }
 
 // FaultPoints are the named points between the steps of a commit and of
@@ -147,6 +152,9 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	x.changes = cs.Changes
 	steps := plan(cs)
 	x.own = ownState{}
+	if opt.Applied != nil {
+		x.own = opt.Applied.own
+	}
 	if x.held, err = heldObjects(x.orig, steps, newRenames(cs)); err != nil {
 		x.closeTrees()
 		return nil, &Error{Stage: StagePrepare, Err: err}

@@ -53,6 +53,9 @@ type planCommit struct {
 	levels [][]*participant // children's level first; each level prepares, then applies
 	parts  []*participant   // commit order: the levels, concatenated
 	record planRecord
+	// applied is what the applies did to the originals' inodes, shared
+	// by every transaction: originals may share files by hard links.
+	applied *commit.Applied
 }
 
 // CommitPlan commits every active sandbox of plan, all or nothing: on any
@@ -112,7 +115,7 @@ func (m *Manager) commitPlan(ctx context.Context, plan, only string, o CommitOpt
 			return res.finish()
 		}
 	}
-	c := &planCommit{m: m, opt: o, res: res, record: planRecord{Plan: plan, State: planPrepared, Keep: o.Keep}}
+	c := &planCommit{m: m, opt: o, res: res, record: planRecord{Plan: plan, State: planPrepared, Keep: o.Keep}, applied: commit.NewApplied()}
 	if err := c.enlist(only); err != nil {
 		res.Err = err
 		return res.finish()
@@ -310,7 +313,7 @@ func (c *planCommit) prepare(p *participant) error {
 		}
 		p.frozen = true
 	}
-	x, err := commit.Prepare(p.cfg, commit.Options{Message: c.opt.Message, Force: c.opt.Force})
+	x, err := commit.Prepare(p.cfg, commit.Options{Message: c.opt.Message, Force: c.opt.Force, Applied: c.applied})
 	if err != nil {
 		return err
 	}

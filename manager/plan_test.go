@@ -385,3 +385,27 @@ func TestCleanupFailureAfterTheCommitPoint(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, pr)
 }
+
+// TestCommitPlanOverHardLinksAcrossOriginals: two originals of a plan
+// share a file by hard links; one sandbox replaces its name, the other
+// removes its own. The first apply moves the shared inode into its
+// backups (its ctime moves): what another sandbox's apply of the same
+// plan did is no change by another writer, and the plan commits.
+func TestCommitPlanOverHardLinksAcrossOriginals(t *testing.T) {
+	m := open(t, t.TempDir())
+	o0, o1 := makeTree(t, map[string]string{"f": "old", "k": "k"}), makeTree(t, map[string]string{"k": "k"})
+	require.NoError(t, os.Link(filepath.Join(o0, "f"), filepath.Join(o1, "g")))
+	var ids []string
+	for _, o := range []string{o0, o1} {
+		sb, err := m.Create(ctx, CreateOptions{Plan: "p", Original: o})
+		require.NoError(t, err)
+		ids = append(ids, sb.ID)
+	}
+	edit(t, m, ids[0], func(e *editor) { e.write("f", "new") })
+	edit(t, m, ids[1], func(e *editor) { e.remove("g") })
+	res, err := m.CommitPlan(ctx, "p", CommitOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, ids, res.Committed)
+	assert.Equal(t, map[string]string{".": "dir", "f": "new", "k": "k"}, snapshot(t, o0))
+	assert.Equal(t, map[string]string{".": "dir", "k": "k"}, snapshot(t, o1))
+}
