@@ -119,7 +119,13 @@ func (x *Txn) apply(i int) error {
 				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
 			}
 		}
-		if err := x.orig.setMeta(s.Path, s.New); err != nil {
+		// The object the step is for, as staged (a renamed directory
+		// too, which the check does not hold): not a symlink or
+		// another directory swapped in since.
+		if err := x.orig.setMeta(s.Path, s.New, s.Ino); errors.Is(err, errNotTheObject) {
+			x.reached = i
+			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+		} else if err != nil {
 			return err
 		}
 		return x.own.note(x.orig, s.Path)
@@ -203,7 +209,10 @@ func (x *Txn) undo(s *step) error {
 			return err
 		}
 		if back := revertMeta(cur, s.Old, s.New); back != nil {
-			return x.orig.setMeta(s.Path, back)
+			if err := x.orig.setMeta(s.Path, back, st.Ino); !errors.Is(err, errNotTheObject) {
+				return err
+			}
+			return fmt.Errorf("not set back: %w since the look", errNotTheObject)
 		}
 		return nil
 	case opMkdir:

@@ -609,3 +609,39 @@ func TestMetadataSetDuringTheCommitSurvivesItsUndo(t *testing.T) {
 		})
 	}
 }
+
+// TestRenamedDirectoryReplacedBeforeItsMetadataStep: the sandbox renamed
+// d to e and changed e's mode. After the apply moved d to e, and before
+// the metadata step, another process moves e away and makes a directory
+// of its own there. The sandbox's mode must not go on that directory:
+// the step checks the inode it is for, a conflict, and nothing is lost.
+func TestRenamedDirectoryReplacedBeforeItsMetadataStep(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/x": "x", "a/f1": "1", "a/f2": "2", "a/f3": "3", "a/f4": "4"})
+	var d unix.Stat_t
+	require.NoError(t, unix.Lstat(filepath.Join(s.orig, "d"), &d))
+	s.rename("d", "e")
+	s.chmod("e", 0o700)
+	for _, f := range []string{"a/f1", "a/f2", "a/f3", "a/f4"} {
+		s.chmod(f, 0o600) // metadata steps before e's (children first), so that "applying" comes between
+	}
+	s.done()
+	e := filepath.Join(s.orig, "e")
+	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+		if point != "applying" {
+			return
+		}
+		var st unix.Stat_t
+		require.NoError(t, unix.Lstat(e, &st))
+		require.Equal(t, d.Ino, st.Ino, "the apply moved d to e before the midpoint")
+		require.NoError(t, os.Rename(e, e+".moved"))
+		require.NoError(t, os.Mkdir(e, 0o755))
+	}})
+	require.NoError(t, err)
+	assertChangedDuringCommit(t, Commit(x), "e", changedDuringCommit)
+	st, err := os.Stat(e)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o755), st.Mode().Perm(), "the other process's directory keeps its mode")
+	b, err := os.ReadFile(filepath.Join(e+".moved", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, "x", string(b), "the moved directory keeps its file")
+}

@@ -62,9 +62,16 @@ func (t *tree) metaAt(rel string) (*meta, error) {
 	return metaOf(fd)
 }
 
+// errNotTheObject: the object at a metadata step's path is not the one
+// the step is for (another process put another there).
+var errNotTheObject = errors.New("another object is at the path")
+
 // setMeta gives rel in t the metadata m: owner, mode, attributes (those
-// not in m are removed), times last.
-func (t *tree) setMeta(rel string, m *meta) error {
+// not in m are removed), times last. With ino (not 0) the object must be
+// that inode, else errNotTheObject and nothing is changed; all but a
+// symlink's times go through the one descriptor, so a swap after the
+// look changes nothing else.
+func (t *tree) setMeta(rel string, m *meta, ino uint64) error {
 	if rel == "" {
 		return t.setRootMeta(m)
 	}
@@ -82,7 +89,10 @@ func (t *tree) setMeta(rel string, m *meta) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
-	if err := unix.Fchownat(dfd, name, int(m.Uid), int(m.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.EPERM) {
+	if ino != 0 && st.Ino != ino {
+		return errNotTheObject
+	}
+	if err := unix.Fchownat(fd, "", int(m.Uid), int(m.Gid), unix.AT_EMPTY_PATH); err != nil && !errors.Is(err, unix.EPERM) {
 		return err
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(m.Atime), unix.NsecToTimespec(m.Mtime)}
