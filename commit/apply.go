@@ -330,10 +330,11 @@ func (x *Txn) Sync() error {
 const changedDuringCommit = "changed in the original during the commit"
 
 // sameState reports whether now is the object was describes, with the
-// same content as far as its inode, mode, size and mtime tell (a rename
-// changes only its ctime).
+// same content as far as its inode, mode, owner, size and mtime tell (a
+// rename changes only its ctime, which an attribute set moves too).
 func sameState(was, now *unix.Stat_t) bool {
-	return was.Ino == now.Ino && was.Mode == now.Mode && was.Size == now.Size && was.Mtim == now.Mtim
+	return was.Ino == now.Ino && was.Mode == now.Mode && was.Uid == now.Uid && was.Gid == now.Gid &&
+		was.Size == now.Size && was.Mtim == now.Mtim
 }
 
 // renames is the renames of the transaction's changes.
