@@ -321,8 +321,8 @@ func TestCommitAppliesEveryKindOfChange(t *testing.T) {
 // TestNewDirectoriesWhereTheOriginalHasASymlink: the sandbox replaced a
 // symlink of the original by a directory with a directory in it. The
 // original's path of the inner one has the symlink on the way: the
-// staging reads no old metadata of a new object (the commit failed with
-// "too many levels of symbolic links" for a day).
+// staging reads no old metadata of a new object, which would fail with
+// "too many levels of symbolic links".
 func TestNewDirectoriesWhereTheOriginalHasASymlink(t *testing.T) {
 	s := newSandbox(t, base)
 	s.remove("oldlink")
