@@ -293,7 +293,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 			// means the original is changing under the commit (one the
 			// sandbox only saw, a directory then, too).
 			if q := orig.firstSymlink(p); q == "" || !changed[q] {
-				out = append(out, conflict{Conflict{Path: c.Path, Reason: "the original changed while the commit read it (a symlink on the way)"}, ""})
+				out = append(out, conflict{Conflict{Path: c.Path, Reason: changedWhileRead}, ""})
 			}
 			continue
 		}
@@ -331,6 +331,9 @@ func takesAway(r renames, c layers.Change) (string, bool) {
 	}
 	return "", false
 }
+
+// changedWhileRead: a look of the commit met a symlink on the way.
+const changedWhileRead = "the original changed while the commit read it (a symlink on the way)"
 
 const unaccountedReason = "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"
 

@@ -496,7 +496,7 @@ func TestMetadataStepOfAnOriginalUnreadableAtStaging(t *testing.T) {
 		swapped = !swapped
 	}
 	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
-		if point == "checked" || point == "staged" && swapped {
+		if point == "held" || point == "staged" && swapped {
 			exchange()
 		}
 	}})
@@ -644,4 +644,44 @@ func TestRenamedDirectoryReplacedBeforeItsMetadataStep(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(e+".moved", "x"))
 	require.NoError(t, err)
 	assert.Equal(t, "x", string(b), "the moved directory keeps its file")
+}
+
+// TestSymlinkSwappedInAtTheHeldLook: right after the conflict check,
+// while Prepare records what the original holds where the apply will
+// back up, a directory of the original is swapped for a symlink for a
+// moment; once it is back, another process writes to the file in it
+// that the commit replaces. Recorded as unknown, the path went unchecked
+// and the write was lost with the backups. The look is now a conflict.
+func TestSymlinkSwappedInAtTheHeldLook(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/f": "f", "a": "a"})
+	s.write("d/f", "sandbox")
+	s.done()
+	d, swap := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.swap")
+	require.NoError(t, os.Symlink(t.TempDir(), swap))
+	swapped := false
+	exchange := func() {
+		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
+		swapped = !swapped
+	}
+	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+		switch {
+		case point == "checked":
+			exchange()
+		case point == "held" && swapped:
+			exchange()
+			writeFile(t, filepath.Join(d, "f"), "written meanwhile")
+		}
+	}})
+	if swapped {
+		exchange()
+	}
+	if err == nil {
+		err = Commit(x)
+	}
+	require.NoError(t, os.Remove(swap))
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, StagePrepare, ce.Stage)
+	assert.Equal(t, []Conflict{{Path: "d/f", Reason: changedWhileRead}}, ce.Conflicts)
+	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
 }

@@ -20,11 +20,7 @@ import (
 // metadata over someone else's.
 type held struct {
 	there bool
-	// unknown: the check's look met a symlink on the way (the original
-	// changing under it, a directory swapped for a moment): nothing is
-	// expected of the path.
-	unknown bool
-	st      objState
+	st    objState
 	// beneath is, for a directory, every object beneath it by its path
 	// relative to the directory.
 	beneath map[string]objState
@@ -62,9 +58,13 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 	out := map[string]held{}
 	dirs := map[string]string{} // final path -> original path, of directories recorded whole
 	ours := map[string]bool{}   // final paths the commit puts an object at
+	gone := map[string]bool{}   // final paths whose object goes to the backups
 	for _, s := range steps {
 		if s.Kind == opInstall || s.Kind == opMkdir || s.Kind == opAttach {
 			ours[s.Path] = true
+		}
+		if s.Kind == opDetach && strings.HasPrefix(s.Slot, "b/") {
+			gone[s.Path] = true
 		}
 	}
 	for _, s := range steps {
@@ -88,8 +88,16 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 		var h held
 		there, st, err := orig.exists(p)
 		if errors.Is(err, unix.ELOOP) {
-			out[key] = held{unknown: true}
-			continue
+			if symlinkGoes(orig, p, gone, r) {
+				// Beneath a symlink of the original the commit takes
+				// away (the sandbox put a directory there): nothing.
+				out[key] = held{}
+				continue
+			}
+			// The original changing under the check (a directory
+			// swapped for a symlink for a moment): what the apply
+			// would back up there is unknown, and would go unchecked.
+			return nil, &Error{Stage: StagePrepare, Conflicts: []Conflict{{Path: s.Path, Reason: changedWhileRead}}, Err: ErrConflict}
 		}
 		if err != nil {
 			return nil, err
@@ -107,6 +115,30 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 }
 
 func metaKey(p string) string { return "meta:" + p }
+
+// symlinkGoes reports whether the first symlink on the way to the
+// original path p is an object the commit moves into the backups (at
+// its path once the renamed directories are in place).
+func symlinkGoes(orig *tree, p string, gone map[string]bool, r renames) bool {
+	for i := strings.IndexByte(p, '/'); i > 0; i = next(p, i) {
+		st, err := orig.lstat(p[:i])
+		if err != nil {
+			return false
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return gone[r.final(p[:i])]
+		}
+	}
+	return false
+}
+
+// next is the index of the '/' after the one at i in p, or -1.
+func next(p string, i int) int {
+	if j := strings.IndexByte(p[i+1:], '/'); j >= 0 {
+		return i + 1 + j
+	}
+	return -1
+}
 
 // within reports whether the object at original path o, detached at
 // final path p, is beneath a directory of dirs: one at an ancestor of p
@@ -196,9 +228,6 @@ func unchanged(was, now objState) bool {
 // changed. Objects gone are no change (the apply moves renamed
 // directories out first; what another writer took away is not lost).
 func (h held) changedSince(t *tree, rel string, own ownState) (string, string, error) {
-	if h.unknown {
-		return "", "", nil
-	}
 	st, err := t.lstat(rel)
 	if errors.Is(err, unix.ENOENT) {
 		return "", "", nil
@@ -232,7 +261,6 @@ func (h held) changedSince(t *tree, rel string, own ownState) (string, string, e
 // is, or what the apply's own steps made of it).
 func (h held) topChange(own ownState, now objState) string {
 	switch {
-	case h.unknown:
 	case !h.there:
 		return madeDuringCommit
 	case !unchanged(own.expect(h.st), now):

@@ -31,7 +31,7 @@ type Options struct {
 
 // FaultPoints are the named points between the steps of a commit and of
 // its recovery, in order.
-var FaultPoints = []string{"checked", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
+var FaultPoints = []string{"checked", "held", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
 
 // RecoveryFaultPoints are the named points inside an undo.
 var RecoveryFaultPoints = []string{"undoing"}
@@ -155,11 +155,15 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	if opt.Applied != nil {
 		x.own = opt.Applied.own
 	}
+	x.fault("checked")
 	if x.held, err = heldObjects(x.orig, steps, newRenames(cs)); err != nil {
 		x.closeTrees()
+		if ce := (*Error)(nil); errors.As(err, &ce) {
+			return nil, ce
+		}
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
-	x.fault("checked")
+	x.fault("held")
 	if err := x.stage(cs, steps); err != nil {
 		x.discardStage()
 		x.closeTrees()
