@@ -37,6 +37,18 @@ type Error struct {
 	Err        error
 }
 
+// WhileRead reports whether every conflict of e is a look of the commit
+// that met the original changing (a symlink where a directory was a
+// moment before): a retry once the original is still may pass.
+func (e *Error) WhileRead() bool {
+	for _, c := range e.Conflicts {
+		if c.Reason != ReasonChangedWhileRead {
+			return false
+		}
+	}
+	return len(e.Conflicts) > 0
+}
+
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "commit %s: %v", e.Stage, e.Err)
@@ -293,7 +305,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 			// means the original is changing under the commit (one the
 			// sandbox only saw, a directory then, too).
 			if q := orig.firstSymlink(p); q == "" || !changed[q] {
-				out = append(out, conflict{Conflict{Path: c.Path, Reason: changedWhileRead}, ""})
+				out = append(out, conflict{Conflict{Path: c.Path, Reason: ReasonChangedWhileRead}, ""})
 			}
 			continue
 		}
@@ -332,8 +344,9 @@ func takesAway(r renames, c layers.Change) (string, bool) {
 	return "", false
 }
 
-// changedWhileRead: a look of the commit met a symlink on the way.
-const changedWhileRead = "the original changed while the commit read it (a symlink on the way)"
+// ReasonChangedWhileRead is the reason of a conflict found when a look
+// of the commit met a symlink on the way: the original changing under it.
+const ReasonChangedWhileRead = "the original changed while the commit read it (a symlink on the way)"
 
 const unaccountedReason = "in the original but not in the sandbox's view of it (made in the original since, or the original changed while the commit read it)"
 

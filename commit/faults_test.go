@@ -682,6 +682,6 @@ func TestSymlinkSwappedInAtTheHeldLook(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, StagePrepare, ce.Stage)
-	assert.Equal(t, []Conflict{{Path: "d/f", Reason: changedWhileRead}}, ce.Conflicts)
+	assert.Equal(t, []Conflict{{Path: "d/f", Reason: ReasonChangedWhileRead}}, ce.Conflicts)
 	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
 }

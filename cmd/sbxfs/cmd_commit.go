@@ -147,6 +147,8 @@ func commitFailure(err error) error {
 		// Found during the apply: someone wrote to the original while
 		// the commit ran.
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nthe commit was undone; the next one names these as conflicts: %s", err, conflictHint)}
+	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.WhileRead():
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; the original was changing while the commit read it: commit again once it is still", err)}
 	case errors.Is(err, commit.ErrConflict):
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrBusy):

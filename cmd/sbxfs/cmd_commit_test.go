@@ -15,11 +15,13 @@ import (
 func TestCommitFailureMessages(t *testing.T) {
 	before := &commit.Error{Stage: commit.StagePrepare, Conflicts: []commit.Conflict{{Path: "f", Reason: "content changed in the original"}}, Err: commit.ErrConflict}
 	during := &commit.Error{Stage: commit.StageApply, Conflicts: []commit.Conflict{{Path: "d/new", Reason: "made in the original during the commit"}}, Err: commit.ErrConflict, RolledBack: true}
+	whileRead := &commit.Error{Stage: commit.StagePrepare, Conflicts: []commit.Conflict{{Path: "d/f", Reason: commit.ReasonChangedWhileRead}}, Err: commit.ErrConflict}
 	for _, tc := range []struct {
 		err  error
 		want string
 	}{
 		{before, "nothing was applied; keep the sandbox's version"},
+		{whileRead, "nothing was applied; the original was changing while the commit read it: commit again once it is still"},
 		{during, "the commit was undone; the next one names these as conflicts: keep the sandbox's version"},
 	} {
 		err := commitFailure(tc.err)
