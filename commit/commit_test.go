@@ -667,3 +667,10 @@ func TestRemovalKeptWhenTheOriginalLostIt(t *testing.T) {
 	assert.NoFileExists(t, filepath.Join(d, "gone.txt"))
 	assert.FileExists(t, filepath.Join(d, "keep.txt"))
 }
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return string(b)
+}

@@ -122,6 +122,10 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 	}
 	var out []conflict
 	add := func(p, reason, key string) { out = append(out, conflict{Conflict{Path: p, Reason: reason}, key}) }
+	// symlinkOnTheWay names the symlink the original put where the
+	// sandbox saw a directory, at original path q: resolving it lets the
+	// commit make the sandbox's directory there.
+	symlinkOnTheWay := func(q string) { add(r.final(q), "replaced in the original", q) }
 	check := func(c layers.Change, p string, target bool) {
 		base, seen := bases[p]
 		there, st, err := orig.inTree(p)
@@ -149,9 +153,11 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			// Resolvable: the commit puts the sandbox's object there
 			// (for a directory it moves or changes the metadata of, it
 			// makes the sandbox's directory anew: withMissingDirs).
+			// Beneath a symlink, by resolving the symlink's conflict.
 			key := p
-			if orig.firstSymlink(p) != "" {
+			if q := orig.firstSymlink(p); q != "" {
 				key = ""
+				symlinkOnTheWay(q)
 			}
 			add(c.Path, "removed from the original", key)
 		case !there:
@@ -213,19 +219,37 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 		case err != nil:
 			add(dir, err.Error(), "")
 		case !there && base == resolvedGone:
+		case !there && acceptedSymlink(orig, bases, orig.firstSymlink(q)):
+			// Beneath a symlink a resolve accepted: made anew.
 		case !there:
 			// Resolvable: the commit makes the sandbox's directory
-			// again (withMissingDirs).
+			// again (withMissingDirs); beneath a symlink, by resolving
+			// the symlink's conflict.
 			key := q
-			if orig.firstSymlink(q) != "" {
+			if s := orig.firstSymlink(q); s != "" {
 				key = ""
+				symlinkOnTheWay(s)
 			}
 			add(dir, "removed from the original", key)
 		case !sameObject(base, &st):
 			add(dir, "replaced in the original", q)
 		}
 	}
-	return append(out, unaccounted(orig, cs, r, bases)...)
+	return distinct(append(out, unaccounted(orig, cs, r, bases)...))
+}
+
+// distinct drops repeated conflicts (one symlink on the way of several
+// changes is named once).
+func distinct(cf []conflict) []conflict {
+	seen := map[Conflict]bool{}
+	out := cf[:0]
+	for _, c := range cf {
+		if !seen[c.Conflict] {
+			seen[c.Conflict] = true
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // acceptedSymlink reports whether the symlink at q (none: "") is what
@@ -304,8 +328,14 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 			// expected; any other, where the change set saw a directory,
 			// means the original is changing under the commit (one the
 			// sandbox only saw, a directory then, too).
-			if q := orig.firstSymlink(p); q == "" || !changed[q] {
+			switch q := orig.firstSymlink(p); {
+			case q == "":
 				out = append(out, conflict{Conflict{Path: c.Path, Reason: ReasonChangedWhileRead}, ""})
+			case changed[q] || acceptedSymlink(orig, bases, q):
+				// Nothing of the original's is beneath: it goes, or a
+				// resolve accepted it.
+			default:
+				out = append(out, conflict{Conflict{Path: r.final(q), Reason: "replaced in the original"}, q})
 			}
 			continue
 		}

@@ -120,24 +120,8 @@ func metaKey(p string) string { return "meta:" + p }
 // original path p is an object the commit moves into the backups (at
 // its path once the renamed directories are in place).
 func symlinkGoes(orig *tree, p string, gone map[string]bool, r renames) bool {
-	for i := strings.IndexByte(p, '/'); i > 0; i = next(p, i) {
-		st, err := orig.lstat(p[:i])
-		if err != nil {
-			return false
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			return gone[r.final(p[:i])]
-		}
-	}
-	return false
-}
-
-// next is the index of the '/' after the one at i in p, or -1.
-func next(p string, i int) int {
-	if j := strings.IndexByte(p[i+1:], '/'); j >= 0 {
-		return i + 1 + j
-	}
-	return -1
+	q := orig.firstSymlink(p)
+	return q != "" && gone[r.final(q)]
 }
 
 // within reports whether the object at original path o, detached at

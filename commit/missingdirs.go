@@ -27,6 +27,9 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 		if _, ok := resolved[before.original(dir)]; force || ok {
 			return true
 		}
+		if acceptedSymlink(orig, resolved, orig.firstSymlink(r.original(dir))) {
+			return true // beneath a symlink a resolve accepted: the sandbox's directory replaces it
+		}
 		for d := dir; d != ""; d, _ = layers.Split(d) {
 			if converted[d] {
 				return true // beneath a directory made anew: as it
@@ -82,28 +85,47 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 // withMissingDirs makes); the original's entries the sandbox saw there
 // are gone from the original, so they are not in it. It returns the
 // paths it turned into creations.
+//
+// Beneath a symlink the original put where the sandbox saw a directory,
+// once a resolve accepted that symlink (or with force), the original's
+// tree has nothing: a directory moved or whose metadata changed is made
+// anew in the sandbox's directory that replaces the symlink, and a
+// removal has nothing to remove (it is dropped: the symlink stays unless
+// something else needs the directory).
 func withGoneOriginals(orig *tree, cs layers.ChangeSet, force bool, resolved map[string]layers.Signature) (layers.ChangeSet, map[string]bool) {
 	r := newRenames(cs)
-	var out []layers.Change
+	out := make([]layers.Change, 0, len(cs.Changes))
+	changed := false
 	converted := map[string]bool{}
-	for i, c := range cs.Changes {
-		if c.Kind != layers.Metadata && !(c.Kind == layers.Renamed && c.Type == "dir") {
+	for _, c := range cs.Changes {
+		gone := c.Kind == layers.Deleted
+		if c.Kind != layers.Metadata && !gone && !(c.Kind == layers.Renamed && c.Type == "dir") {
+			out = append(out, c)
 			continue
 		}
 		key := conflictKey(r, c)
-		if _, ok := resolved[key]; !force && !ok {
+		there, _, err := orig.inTree(key)
+		if err != nil || there {
+			out = append(out, c)
 			continue
 		}
-		if there, _, err := orig.inTree(key); err != nil || there || orig.firstSymlink(key) != "" {
-			continue
+		_, ok := resolved[key]
+		if q := orig.firstSymlink(key); q != "" {
+			ok = force || acceptedSymlink(orig, resolved, q)
+		} else {
+			ok = (force || ok) && !gone // removed from the original too: nothing to do, as before
 		}
-		if out == nil {
-			out = slices.Clone(cs.Changes)
+		switch {
+		case !ok:
+			out = append(out, c)
+		case gone:
+			changed = true
+		default:
+			out = append(out, layers.Change{Path: c.Path, Kind: layers.Created, Type: c.Type})
+			converted[c.Path], changed = true, true
 		}
-		out[i] = layers.Change{Path: c.Path, Kind: layers.Created, Type: c.Type}
-		converted[c.Path] = true
 	}
-	if out == nil {
+	if !changed {
 		return cs, converted
 	}
 	return layers.ChangeSet{Changes: out}, converted

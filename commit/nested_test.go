@@ -200,16 +200,16 @@ func TestConflictsListEntriesADirectoryReplacementWouldDrop(t *testing.T) {
 	// The entries are checked while the original's d is swapped for a
 	// symlink (the check of d/sub itself having passed just before): the
 	// sandbox saw a directory there (it only added to it: a base, no
-	// change of the set), so the original is changing under the commit.
-	// Passing over d/sub then let the commit drop its entries once d was
-	// back (TestHostileSymlinkSwapDuringCommit).
+	// change of the set), so the original changed under the commit: the
+	// conflict names the symlink. Passing over d/sub then let the commit
+	// drop its entries once d was back (TestHostileSymlinkSwapDuringCommit).
 	d := filepath.Join(s.orig, "d")
 	require.NoError(t, os.Rename(d, d+".real"))
 	require.NoError(t, os.Symlink(t.TempDir(), d))
 	left := unaccounted(orig, torn, newRenames(torn), bases(s.cfg, recs))
 	require.NoError(t, os.Remove(d))
 	require.NoError(t, os.Rename(d+".real", d))
-	assert.Equal(t, []conflict{{Conflict{Path: "d/sub", Reason: "the original changed while the commit read it (a symlink on the way)"}, ""}}, left)
+	assert.Equal(t, []conflict{{Conflict{Path: "d", Reason: "replaced in the original"}, "d"}}, left)
 }
 
 // A link to an original file moved over another original object (which

@@ -315,3 +315,66 @@ func TestResolveADirectoryGoneBeneathAMovedOne(t *testing.T) {
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.ElementsMatch(t, []string{"n", "n/d", "n/d/a", "n/d/sub", "n/d/sub/f", "n/d/sub/new"}, slices.Collect(maps.Keys(snapshot(t, s.orig))))
 }
+
+// TestResolveASymlinkInADirectorysPlace: the original moved a directory
+// away and left a symlink to it in its place (d -> d.real), under every
+// kind of change the sandbox made beneath d. The conflicts name d, and
+// resolving d (or --force) commits: the sandbox's directory replaces the
+// symlink and holds the sandbox's changes; a removal has nothing to
+// remove (the symlink stays if nothing else needs the directory); d.real
+// is left alone. Until 2026-11-26 only a change directly in d named d:
+// the others were unresolvable, or failed the commit after the resolve.
+func TestResolveASymlinkInADirectorysPlace(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		for _, tc := range []struct {
+			name    string
+			sandbox func(s *sandbox)
+			check   func(t *testing.T, orig string)
+		}{
+			{"a directory removed", func(s *sandbox) { s.remove("d/sub/f"); s.remove("d/sub") },
+				func(t *testing.T, orig string) {
+					target, err := os.Readlink(filepath.Join(orig, "d"))
+					require.NoError(t, err, "d stays the symlink")
+					assert.Equal(t, "d.real", target)
+				}},
+			{"a file written", func(s *sandbox) { s.write("d/sub/f", "new") },
+				func(t *testing.T, orig string) { assert.Equal(t, "new", readFile(t, filepath.Join(orig, "d/sub/f"))) }},
+			{"a directory's mode changed", func(s *sandbox) { s.chmod("d/sub", 0o700) },
+				func(t *testing.T, orig string) {
+					st, err := os.Stat(filepath.Join(orig, "d/sub"))
+					require.NoError(t, err)
+					assert.Equal(t, os.FileMode(0o700), st.Mode().Perm())
+				}},
+			{"a directory renamed", func(s *sandbox) { s.rename("d/sub", "d/sub2") },
+				func(t *testing.T, orig string) { assert.DirExists(t, filepath.Join(orig, "d/sub2")) }},
+			{"a file made", func(s *sandbox) { s.write("d/n", "n") },
+				func(t *testing.T, orig string) { assert.Equal(t, "n", readFile(t, filepath.Join(orig, "d/n"))) }},
+			{"a directory made", func(s *sandbox) { s.mkdir("d/nd") },
+				func(t *testing.T, orig string) { assert.DirExists(t, filepath.Join(orig, "d/nd")) }},
+			{"a file made deeper", func(s *sandbox) { s.write("d/sub/n", "n") },
+				func(t *testing.T, orig string) { assert.Equal(t, "n", readFile(t, filepath.Join(orig, "d/sub/n"))) }},
+		} {
+			t.Run(fmt.Sprintf("%s, force %v", tc.name, force), func(t *testing.T) {
+				s := newSandbox(t, map[string]string{"d/sub/f": "f", "d/g": "g"})
+				tc.sandbox(s)
+				s.done()
+				d := filepath.Join(s.orig, "d")
+				require.NoError(t, os.Rename(d, d+".real"))
+				require.NoError(t, os.Symlink("d.real", d))
+				cf, err := Conflicts(s.cfg)
+				require.NoError(t, err)
+				assert.Contains(t, cf, Conflict{Path: "d", Reason: "replaced in the original"})
+				opt := Options{Force: force}
+				if !force {
+					_, left, err := Resolve(s.cfg, []string{"d"})
+					require.NoError(t, err)
+					assert.Empty(t, left, "resolving d settles what is beneath it")
+				}
+				require.NoError(t, commitAll(t, s.cfg, opt))
+				tc.check(t, s.orig)
+				assert.Equal(t, "f", readFile(t, filepath.Join(s.orig, "d.real/sub/f")), "d.real is left alone")
+				assert.Equal(t, "g", readFile(t, filepath.Join(s.orig, "d.real/g")))
+			})
+		}
+	}
+}
