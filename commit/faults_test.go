@@ -182,6 +182,37 @@ func assertChangedDuringCommit(t *testing.T, err error, path, reason string) *Er
 	return ce
 }
 
+// swapper plays another process that swaps a directory of the original
+// (RENAME_EXCHANGE) with a symlink to an empty directory elsewhere.
+type swapper struct {
+	t         *testing.T
+	dir, swap string
+	swapped   bool // the symlink stands at dir
+}
+
+func newSwapper(t *testing.T, orig, name string) *swapper {
+	w := &swapper{t: t, dir: filepath.Join(orig, name), swap: filepath.Join(orig, name+".swap")}
+	require.NoError(t, os.Symlink(t.TempDir(), w.swap))
+	return w
+}
+
+func (w *swapper) exchange() {
+	require.NoError(w.t, unix.Renameat2(unix.AT_FDCWD, w.dir, unix.AT_FDCWD, w.swap, unix.RENAME_EXCHANGE))
+	w.swapped = !w.swapped
+}
+
+// back puts the directory back, if the symlink stands in its place.
+func (w *swapper) back() {
+	if w.swapped {
+		w.exchange()
+	}
+}
+
+// done removes the symlink, which must be at its own name again.
+func (w *swapper) done() {
+	require.NoError(w.t, os.Remove(w.swap), "the symlink is at %s again", w.swap)
+}
+
 // TestWriteBetweenTheCheckAndTheApplyIsAConflict: after the conflict
 // check passed and before the apply moves it into the backups, another
 // writer changes what the commit replaces or removes: a file written to
@@ -488,27 +519,19 @@ func TestMetadataStepOfAnOriginalUnreadableAtStaging(t *testing.T) {
 	s.write("a", "sandbox")
 	s.done()
 	before := snapshot(t, s.orig)
-	d, swap := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.swap")
-	require.NoError(t, os.Symlink(t.TempDir(), swap))
-	swapped := false
-	exchange := func() {
-		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
-		swapped = !swapped
-	}
+	w := newSwapper(t, s.orig, "d")
 	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
-		if point == "held" || point == "staged" && swapped {
-			exchange()
+		if point == "held" || point == "staged" && w.swapped {
+			w.exchange()
 		}
 	}})
-	if swapped {
-		exchange()
-	}
+	w.back()
 	if err == nil {
 		// Applied, then undone: the undo must set the old mode back.
 		require.NoError(t, x.Apply())
 		require.NoError(t, x.Undo())
 	}
-	require.NoError(t, os.Remove(swap))
+	w.done()
 	assert.Equal(t, before, snapshot(t, s.orig), "the original as it was")
 	var ce *Error
 	require.ErrorAs(t, err, &ce, "the staging could not read d/sub")
@@ -529,20 +552,16 @@ func TestRenamedDirectorySwappedForASymlinkBeforeTheApply(t *testing.T) {
 	s.rename("d", "renamed")
 	s.done()
 	before := snapshot(t, s.orig)
-	d, swap := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.swap")
-	require.NoError(t, os.Symlink(t.TempDir(), swap))
-	exchange := func() {
-		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
-	}
+	w := newSwapper(t, s.orig, "d")
 	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
 		if point == "staged" {
-			exchange()
+			w.exchange()
 		}
 	}})
 	require.NoError(t, err)
 	err = Commit(x)
-	exchange()
-	require.NoError(t, os.Remove(swap), "d.swap is the symlink again")
+	w.back()
+	w.done() // the symlink is d.swap again, the directory d
 	assertChangedDuringCommit(t, err, "d", changedDuringCommit)
 	assert.Equal(t, before, snapshot(t, s.orig), "the original as it was")
 	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
@@ -656,29 +675,21 @@ func TestSymlinkSwappedInAtTheHeldLook(t *testing.T) {
 	s := newSandbox(t, map[string]string{"d/f": "f", "a": "a"})
 	s.write("d/f", "sandbox")
 	s.done()
-	d, swap := filepath.Join(s.orig, "d"), filepath.Join(s.orig, "d.swap")
-	require.NoError(t, os.Symlink(t.TempDir(), swap))
-	swapped := false
-	exchange := func() {
-		require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, swap, unix.RENAME_EXCHANGE))
-		swapped = !swapped
-	}
+	w := newSwapper(t, s.orig, "d")
 	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
 		switch {
 		case point == "checked":
-			exchange()
-		case point == "held" && swapped:
-			exchange()
-			writeFile(t, filepath.Join(d, "f"), "written meanwhile")
+			w.exchange()
+		case point == "held" && w.swapped:
+			w.exchange()
+			writeFile(t, filepath.Join(s.orig, "d", "f"), "written meanwhile")
 		}
 	}})
-	if swapped {
-		exchange()
-	}
+	w.back()
 	if err == nil {
 		err = Commit(x)
 	}
-	require.NoError(t, os.Remove(swap))
+	w.done()
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, StagePrepare, ce.Stage)
