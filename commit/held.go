@@ -28,7 +28,7 @@ type held struct {
 
 // objState is what the commit compares of an object: which one it is,
 // and what a write, a chmod, a chown or an attribute set moves (the
-// ctime, for the last two). A third of a unix.Stat_t, for a directory
+// ctime, for the last two). Under half a unix.Stat_t, for a directory
 // of a million entries removed.
 type objState struct {
 	dev, ino   uint64
