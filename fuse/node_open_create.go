@@ -33,10 +33,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 		// The copy-up parted a name of an original file with several
 		// links: the kernel's attributes of it (the original's link
 		// count) are stale, and an open reply carries none. Dropped
-		// before the reply, so an fstat right after the open asks
-		// again (sent from another goroutine, the drop came after such
-		// an fstat now and then: TestDifferentialRemount). Dropping
-		// attributes (offset -1) takes no lock the open holds.
+		// before the reply, so no fstat after the open can see them
+		// (sent from another goroutine, the drop could come after
+		// one). Dropping attributes (offset -1) takes no lock the open
+		// holds.
 		_ = n.NotifyContent(-1, 0)
 	}
 	fh, fuseFlags := n.newHandleLocked(fd, upper)
