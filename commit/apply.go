@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -158,20 +159,16 @@ func (x *Txn) Undo() error {
 		x.close()
 		return removeUndoLog(x.work)
 	}
-	var failed []string
-	var errs []error
-	for i := len(x.log.Steps) - 1; i >= 0; i-- {
-		if i == len(x.log.Steps)/2 {
-			x.fault("undoing")
+	failed, errs := x.undoPass(true)
+	for _, wait := range undoRetries {
+		if len(failed) == 0 || !allLoops(errs) {
+			break
 		}
-		if x.reached >= 0 && i >= x.reached {
-			continue // never reached by this process's Apply
-		}
-		s := &x.log.Steps[i]
-		if err := x.undo(s); err != nil {
-			failed = append(failed, s.Path)
-			errs = append(errs, fmt.Errorf("%s %s: %w", s.Kind, s.Path, err))
-		}
+		// A symlink on the way, every time: another process swapped a
+		// directory for one for a moment. Once it is back, the steps
+		// left undone go through (each checks what it finds).
+		time.Sleep(wait)
+		failed, errs = x.undoPass(false)
 	}
 	if len(failed) > 0 {
 		return &Error{Stage: StageUndo, Paths: failed, Kept: x.log.Txn, Err: errors.Join(errs...)}
@@ -185,6 +182,38 @@ func (x *Txn) Undo() error {
 		return &Error{Stage: StageUndo, Err: err}
 	}
 	return nil
+}
+
+// undoPass undoes every step Apply reached, in reverse order, going on
+// past a failed one; first says to call the fault point.
+func (x *Txn) undoPass(first bool) (failed []string, errs []error) {
+	for i := len(x.log.Steps) - 1; i >= 0; i-- {
+		if first && i == len(x.log.Steps)/2 {
+			x.fault("undoing")
+		}
+		if x.reached >= 0 && i >= x.reached {
+			continue // never reached by this process's Apply
+		}
+		s := &x.log.Steps[i]
+		if err := x.undo(s); err != nil {
+			failed = append(failed, s.Path)
+			errs = append(errs, fmt.Errorf("%s %s: %w", s.Kind, s.Path, err))
+		}
+	}
+	return failed, errs
+}
+
+// undoRetries are the waits before an undo whose every failure met a
+// symlink on the way tries again.
+var undoRetries = []time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 250 * time.Millisecond}
+
+func allLoops(errs []error) bool {
+	for _, err := range errs {
+		if !errors.Is(err, unix.ELOOP) {
+			return false
+		}
+	}
+	return true
 }
 
 func (x *Txn) undo(s *step) error {

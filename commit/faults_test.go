@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -695,4 +697,44 @@ func TestSymlinkSwappedInAtTheHeldLook(t *testing.T) {
 	assert.Equal(t, StagePrepare, ce.Stage)
 	assert.Equal(t, []Conflict{{Path: "d/f", Reason: ReasonChangedWhileRead}}, ce.Conflicts)
 	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
+}
+
+// TestUndoWaitsOutASymlinkSwappedInForAMoment: while a commit is undone
+// (another writer wrote to a file it backed up), a directory the undo
+// puts files back into is swapped for a symlink for a moment. The steps
+// beneath it meet the symlink; the undo tries them again once it is
+// gone, and finishes: the commit is undone, not left for a recovery
+// with its backups kept (exit 8 from the CLI).
+func TestUndoWaitsOutASymlinkSwappedInForAMoment(t *testing.T) {
+	s := newSandbox(t, map[string]string{"d/f": "f", "g": "g"})
+	s.write("d/f", "sandbox")
+	s.write("g", "sandbox")
+	s.done()
+	fd, err := unix.Open(filepath.Join(s.orig, "g"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	w := newSwapper(t, s.orig, "d")
+	var back sync.WaitGroup
+	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+		switch point {
+		case "applied":
+			_, err := unix.Pwrite(fd, []byte("G"), 0) // a conflict: the commit is undone
+			require.NoError(t, err)
+		case "undoing":
+			w.exchange()
+			back.Add(1)
+			time.AfterFunc(20*time.Millisecond, func() {
+				defer back.Done()
+				assert.NoError(t, unix.Renameat2(unix.AT_FDCWD, w.dir, unix.AT_FDCWD, w.swap, unix.RENAME_EXCHANGE))
+			})
+		}
+	}})
+	require.NoError(t, err)
+	err = Commit(x)
+	back.Wait()
+	w.done()
+	ce := assertChangedDuringCommit(t, err, "g", changedDuringCommit)
+	assert.Empty(t, ce.Kept, "nothing left for a recovery")
+	assert.Equal(t, "f", readFile(t, filepath.Join(s.orig, "d/f")), "d/f is back")
+	assert.Equal(t, "G", readFile(t, filepath.Join(s.orig, "g")), "g is back, with the write")
 }
