@@ -167,6 +167,9 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	if err := x.stage(cs, steps); err != nil {
 		x.discardStage()
 		x.closeTrees()
+		if ce := (*Error)(nil); errors.As(err, &ce) {
+			return nil, ce
+		}
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
 	x.fault("staged")
@@ -287,7 +290,11 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 		}
 	}
 	for i := range x.log.Steps {
-		if err := x.fill(&x.log.Steps[i], r, sameFS, staged, made); err != nil {
+		if err := x.fill(&x.log.Steps[i], r, sameFS, staged, made); errors.Is(err, unix.ELOOP) {
+			// A symlink on the way to what the check just saw: the
+			// original changing under the commit.
+			return &Error{Stage: StagePrepare, Conflicts: []Conflict{{Path: x.log.Steps[i].Path, Reason: ReasonChangedWhileRead}}, Err: ErrConflict}
+		} else if err != nil {
 			return err
 		}
 	}
