@@ -61,7 +61,7 @@ func (x *Txn) apply(i int) error {
 			// beneath a directory by Sync.
 			if reason := h.topChange(x.own, stateOf(&before)); reason != "" {
 				x.reached = i // nothing done: nothing to undo
-				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: reason}}, Err: ErrConflict}
+				return conflictAt(StageApply, s.Path, reason)
 			}
 		}
 		if !backup && s.Ino != 0 && before.Ino != s.Ino {
@@ -69,7 +69,7 @@ func (x *Txn) apply(i int) error {
 			// object in its place (a symlink swapped in) must not come
 			// back under the new name.
 			x.reached = i
-			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			return conflictAt(StageApply, s.Path, changedDuringCommit)
 		}
 		if err := move(x.orig, s.Path, x.txn, s.Slot); err != nil {
 			return err
@@ -80,7 +80,7 @@ func (x *Txn) apply(i int) error {
 			}
 			// Swapped in between the look and the move: the undo
 			// puts it back.
-			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			return conflictAt(StageApply, s.Path, changedDuringCommit)
 		}
 		x.backups = append(x.backups, backupObj{path: s.Path, slot: s.Slot})
 		after, err := x.txn.lstat(s.Slot)
@@ -89,7 +89,7 @@ func (x *Txn) apply(i int) error {
 		}
 		if after.Mode&unix.S_IFMT != unix.S_IFDIR && !sameState(&before, &after) {
 			// Written to between the look and the move.
-			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			return conflictAt(StageApply, s.Path, changedDuringCommit)
 		}
 		return x.own.note(x.txn, s.Slot)
 	case opInstall:
@@ -117,7 +117,7 @@ func (x *Txn) apply(i int) error {
 			// another directory).
 			if st, err := x.orig.lstat(s.Path); err == nil && !unchanged(x.own.expect(h.st), stateOf(&st)) {
 				x.reached = i // nothing done: its undo would set the old metadata over the other writer's
-				return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+				return conflictAt(StageApply, s.Path, changedDuringCommit)
 			}
 		}
 		// The object the step is for, as staged (a renamed directory
@@ -125,7 +125,7 @@ func (x *Txn) apply(i int) error {
 		// another directory swapped in since.
 		if err := x.orig.setMeta(s.Path, s.New, s.Ino); errors.Is(err, errNotTheObject) {
 			x.reached = i
-			return &Error{Stage: StageApply, Conflicts: []Conflict{{Path: s.Path, Reason: changedDuringCommit}}, Err: ErrConflict}
+			return conflictAt(StageApply, s.Path, changedDuringCommit)
 		} else if err != nil {
 			return err
 		}
@@ -357,6 +357,11 @@ func (x *Txn) Sync() error {
 }
 
 const changedDuringCommit = "changed in the original during the commit"
+
+// conflictAt is the error of one conflict found at path in stage.
+func conflictAt(stage Stage, path, reason string) *Error {
+	return &Error{Stage: stage, Conflicts: []Conflict{{Path: path, Reason: reason}}, Err: ErrConflict}
+}
 
 // sameState reports whether now is the object was describes, with the
 // same content as far as its inode, mode, owner, size and mtime tell (a

@@ -97,7 +97,7 @@ func heldObjects(orig *tree, steps []step, r renames) (map[string]held, error) {
 			// The original changing under the check (a directory
 			// swapped for a symlink for a moment): what the apply
 			// would back up there is unknown, and would go unchecked.
-			return nil, &Error{Stage: StagePrepare, Conflicts: []Conflict{{Path: s.Path, Reason: ReasonChangedWhileRead}}, Err: ErrConflict}
+			return nil, conflictAt(StagePrepare, s.Path, ReasonChangedWhileRead)
 		}
 		if err != nil {
 			return nil, err

@@ -293,7 +293,7 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 		if err := x.fill(&x.log.Steps[i], r, sameFS, staged, made); errors.Is(err, unix.ELOOP) {
 			// A symlink on the way to what the check just saw: the
 			// original changing under the commit.
-			return &Error{Stage: StagePrepare, Conflicts: []Conflict{{Path: x.log.Steps[i].Path, Reason: ReasonChangedWhileRead}}, Err: ErrConflict}
+			return conflictAt(StagePrepare, x.log.Steps[i].Path, ReasonChangedWhileRead)
 		} else if err != nil {
 			return err
 		}
