@@ -255,13 +255,38 @@ func (n *node) keeps(e *layers.Entry) bool {
 // over the other: "are the same file"). An open handle defers it to the
 // last release, so one upper file never has two kernel inodes (two page
 // caches) open at once; a link made in the sandbox while one is open
-// keeps it (its names share this node; see Link). The entry is dropped
-// from another goroutine: the kernel takes the directory's lock for it,
-// which a rename or link being answered holds.
-func (n *node) reissue(parent *fusefs.Inode, name string) {
-	if parent != nil && n.parted() {
-		go parent.NotifyEntry(name)
+// keeps it (its names share this node; see Link). It reports whether it
+// did.
+//
+// The entry is dropped from another goroutine: the kernel takes the
+// directory's lock for it, which a rename or link being answered holds.
+// Until the drop is through, a stat of the name would still reach n, and
+// show the original's number and link count from the kernel's cache: so
+// n's attributes are dropped at once (that takes no lock), and n answers
+// the GETATTR that follows with ESTALE (see stale).
+func (n *node) reissue(parent *fusefs.Inode, name string) bool {
+	if parent == nil || !n.parted() {
+		return false
 	}
+	_ = n.NotifyContent(-1, 0)
+	go parent.NotifyEntry(name)
+	return true
+}
+
+// stale reports whether n is a node reissue took away. A syscall that
+// reached it by path (through the kernel's entry before the drop was
+// through, or a walk that found the entry just before) is answered
+// ESTALE, which the kernel's path walks (stat, open, access and the
+// others) take as the sign to look each name up again (LOOKUP_REVAL), and
+// so meet the node of the copy. What holds n otherwise (an O_PATH
+// descriptor) gets ESTALE too, as from NFS once a file is replaced.
+func (n *node) stale() bool {
+	if n.StableAttr().Gen == 0 {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reissued
 }
 
 // parted reports (once) that n may be reissued: see reissue.
@@ -277,12 +302,12 @@ func (n *node) parted() bool {
 }
 
 // reissueHere is reissue at n's current name.
-func (n *node) reissueHere() {
+func (n *node) reissueHere() bool {
 	if n.StableAttr().Gen == 0 {
-		return
+		return false
 	}
 	name, parent := n.Parent()
-	n.reissue(parent, name)
+	return n.reissue(parent, name)
 }
 
 // linkGen is the generation number of the node for name in n when name is
@@ -369,6 +394,9 @@ func (n *node) lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 var _ = (fusefs.NodeGetattrer)((*node)(nil))
 
 func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	if f == nil && n.stale() {
+		return syscall.ESTALE
+	}
 	st, err := n.stat(f)
 	if err != nil {
 		return n.fs.toErrno("getattr", err)
@@ -430,7 +458,11 @@ func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 		return errno
 	}
 	fillAttr(&out.Attr, &st, n.StableAttr().Ino)
-	n.reissueHere()
+	if n.reissueHere() {
+		// With the original's number: the kernel may not keep them
+		// (a zero timeout), so the next stat meets stale.
+		return 0
+	}
 	// The attributes are fresh: the kernel may keep them as long as those
 	// of a GETATTR (go-fuse leaves a SETATTR reply at 0, which made the
 	// next stat of the object a round trip).

@@ -101,11 +101,10 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	if err != nil {
 		return nil, n.fs.toErrno("link", err)
 	}
-	if tname, tparent := t.Parent(); tparent != nil && t.parted() {
+	if tname, tparent := t.Parent(); t.reissue(tparent, tname) {
 		// t, a name of an original file with several links, was copied
 		// up by the link: both names become one new node with the
 		// copy's number (the kernel looks t's name up again).
-		go tparent.NotifyEntry(tname)
 		return n.newChild(ctx, name, &e, out), 0
 	}
 	return t.linked(&e, out), 0

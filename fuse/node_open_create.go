@@ -14,6 +14,9 @@ import (
 var _ = (fusefs.NodeOpener)((*node)(nil))
 
 func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if n.stale() {
+		return nil, 0, syscall.ESTALE // the kernel opens the copy's node
+	}
 	rel, ok := n.rel()
 	if !ok {
 		return nil, 0, syscall.ENOENT

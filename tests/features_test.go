@@ -256,7 +256,8 @@ func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
 // TestPartedLinkShowsItsOwnInode: a name of an original file with several
 // links that a change copies up (chmod, setxattr, a write, a link, a
 // rename) is a file of its own in the sandbox, and shows its own st_ino
-// as soon as no descriptor holds it open, as in kernel overlayfs: before,
+// as soon as no descriptor holds it open, to the very next stat after the
+// change, as in kernel overlayfs: before,
 // it kept the original's number, shared with the names it was parted
 // from, and cp(1) refused to copy one over the other ("are the same
 // file"). Names the sandbox links stay one inode.
@@ -276,42 +277,49 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	for _, name := range names {
 		assert.Equal(t, keep.Ino, lstat(t, sb.path(name)).Ino, "%s before any change", name)
 	}
-	// ownIno waits until name shows a number of its own: the kernel's
-	// entry is dropped right after the change, from another goroutine.
+	// ownIno is the number name shows, which must be its own: asked
+	// right after the change that parted it, while the kernel's entry of
+	// the name may still be the node it had (reissue drops it from
+	// another goroutine), so the old node must send the kernel on.
 	ownIno := func(name string) uint64 {
 		t.Helper()
-		var st unix.Stat_t
-		assert.Eventually(t, func() bool {
-			st = lstat(t, sb.path(name))
-			return st.Ino != keep.Ino
-		}, 10*time.Second, 5*time.Millisecond, "%s shows the st_ino of the names it was parted from", name)
+		st := lstat(t, sb.path(name))
+		assert.NotEqual(t, keep.Ino, st.Ino, "%s shows the st_ino of the names it was parted from", name)
 		return st.Ino
 	}
-
-	require.NoError(t, os.Chmod(sb.path("chmod"), 0o600))
-	require.NoError(t, unix.Lsetxattr(sb.path("xattr"), "user.k", []byte("v"), 0))
-	_, closeF := openAppend(t, sb.path("write"), "more\n")
-	// statx for the link count alone, as stat -c %h asks: the write made
-	// only the size and times stale.
-	assert.Eventually(t, func() bool {
-		var stx unix.Statx_t
-		require.NoError(t, unix.Statx(unix.AT_FDCWD, sb.path("write"), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_NLINK, &stx))
-		return stx.Nlink == 1
-	}, 10*time.Second, 5*time.Millisecond, "the link count of write, open after its copy-up")
-	require.NoError(t, os.Link(sb.path("link"), sb.path("linked")))
-	require.NoError(t, os.Rename(sb.path("d/rename"), sb.path("renamed")))
-
 	seen := map[uint64]string{}
-	for _, name := range []string{"chmod", "xattr", "link", "renamed"} {
+	parted := func(name string) {
+		t.Helper()
 		ino := ownIno(name)
 		assert.NotContains(t, seen, ino, "%s has the number of %s", name, seen[ino])
 		seen[ino] = name
 	}
+
+	require.NoError(t, os.Chmod(sb.path("chmod"), 0o600))
+	parted("chmod")
+	require.NoError(t, unix.Lsetxattr(sb.path("xattr"), "user.k", []byte("v"), 0))
+	parted("xattr")
+	_, closeF := openAppend(t, sb.path("write"), "more\n")
+	// statx for the link count alone, as stat -c %h asks: the write made
+	// only the size and times stale.
+	var stx unix.Statx_t
+	require.NoError(t, unix.Statx(unix.AT_FDCWD, sb.path("write"), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_NLINK, &stx))
+	assert.EqualValues(t, 1, stx.Nlink, "the link count of write, open after its copy-up")
+	require.NoError(t, os.Link(sb.path("link"), sb.path("linked")))
+	parted("link")
+	require.NoError(t, os.Rename(sb.path("d/rename"), sb.path("renamed")))
+	parted("renamed")
 	link, linked := lstat(t, sb.path("link")), lstat(t, sb.path("linked"))
 	assert.Equal(t, [2]uint64{link.Ino, 2}, [2]uint64{linked.Ino, linked.Nlink}, "link and its new name linked: one inode, two links")
 
-	closeF() // the written name is reissued at its last close
-	ino := ownIno("write")
+	// The written name is reissued at its last release, which the kernel
+	// sends after close(2) returns.
+	closeF()
+	var ino uint64
+	assert.Eventually(t, func() bool {
+		ino = lstat(t, sb.path("write")).Ino
+		return ino != keep.Ino
+	}, 10*time.Second, 5*time.Millisecond, "write shows the st_ino of the names it was parted from")
 	assert.NotContains(t, seen, ino, "write has the number of %s", seen[ino])
 	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")))
 	st := lstat(t, sb.path("keep"))
