@@ -36,6 +36,15 @@ func (x *Txn) Apply() (err error) {
 				ce.Paths = []string{s.Path}
 				return ce
 			}
+			if errors.Is(err, unix.ELOOP) {
+				// A symlink on the way that the staging did not meet
+				// (the replacedAbove case aside): the original
+				// changing under the commit, as held.go and stage
+				// take it. The undo sets back what came before.
+				ce = conflictAt(StageApply, s.Path, ReasonChangedWhileRead)
+				ce.Paths = []string{s.Path}
+				return ce
+			}
 			return &Error{Stage: StageApply, Paths: []string{s.Path}, Err: fmt.Errorf("step %d (%s %s): %w", i, s.Kind, s.Path, err)}
 		}
 	}

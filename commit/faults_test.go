@@ -738,3 +738,34 @@ func TestUndoWaitsOutASymlinkSwappedInForAMoment(t *testing.T) {
 	assert.Equal(t, "f", readFile(t, filepath.Join(s.orig, "d/f")), "d/f is back")
 	assert.Equal(t, "G", readFile(t, filepath.Join(s.orig, "g")), "g is back, with the write")
 }
+
+// TestSymlinkSwappedInDuringTheApply: after the staging, before the apply
+// reaches a file the sandbox wrote, another process swaps the directory
+// it is in for a symlink. The step meets the symlink: the commit is
+// undone (the file written before it is the original's again) and
+// refused as a conflict of the original changing while the commit ran,
+// not failed: once the directory is back, the next commit goes through.
+func TestSymlinkSwappedInDuringTheApply(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a": "a", "d/f": "f"})
+	s.write("a", "sandbox a")
+	s.write("d/f", "sandbox f")
+	s.done()
+	before := snapshot(t, s.orig)
+	w := newSwapper(t, s.orig, "d")
+	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+		if point == "prepared" {
+			w.exchange()
+		}
+	}})
+	require.NoError(t, err)
+	err = Commit(x)
+	w.back()
+	w.done()
+	ce := assertChangedDuringCommit(t, err, "d/f", ReasonChangedWhileRead)
+	assert.Equal(t, StageApply, ce.Stage)
+	assert.True(t, ce.WhileRead())
+	assert.Equal(t, before, snapshot(t, s.orig), "the original after the undo")
+	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
+	assert.Equal(t, "sandbox a", readFile(t, filepath.Join(s.orig, "a")))
+	assert.Equal(t, "sandbox f", readFile(t, filepath.Join(s.orig, "d", "f")))
+}

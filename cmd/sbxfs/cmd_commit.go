@@ -143,6 +143,8 @@ const conflictHint = "keep the sandbox's version of a path with 'sbxfs resolve M
 func commitFailure(err error) error {
 	var ce *commit.Error
 	switch {
+	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.RolledBack && ce.WhileRead():
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nthe commit was undone; the original was changing while the commit ran: commit again once it is still", err)}
 	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.RolledBack:
 		// Found during the apply: someone wrote to the original while
 		// the commit ran.

@@ -16,6 +16,7 @@ func TestCommitFailureMessages(t *testing.T) {
 	before := &commit.Error{Stage: commit.StagePrepare, Conflicts: []commit.Conflict{{Path: "f", Reason: "content changed in the original"}}, Err: commit.ErrConflict}
 	during := &commit.Error{Stage: commit.StageApply, Conflicts: []commit.Conflict{{Path: "d/new", Reason: "made in the original during the commit"}}, Err: commit.ErrConflict, RolledBack: true}
 	whileRead := &commit.Error{Stage: commit.StagePrepare, Conflicts: []commit.Conflict{{Path: "d/f", Reason: commit.ReasonChangedWhileRead}}, Err: commit.ErrConflict}
+	whileApplied := &commit.Error{Stage: commit.StageApply, Conflicts: []commit.Conflict{{Path: "d/f", Reason: commit.ReasonChangedWhileRead}}, Err: commit.ErrConflict, RolledBack: true}
 	for _, tc := range []struct {
 		err  error
 		want string
@@ -23,6 +24,7 @@ func TestCommitFailureMessages(t *testing.T) {
 		{before, "nothing was applied; keep the sandbox's version"},
 		{whileRead, "nothing was applied; the original was changing while the commit read it: commit again once it is still"},
 		{during, "the commit was undone; the next one names these as conflicts: keep the sandbox's version"},
+		{whileApplied, "the commit was undone; the original was changing while the commit ran: commit again once it is still"},
 	} {
 		err := commitFailure(tc.err)
 		var ee *exitError
