@@ -46,12 +46,16 @@ const DaemonSocket = "daemon.sock"
 
 // Error codes on the daemon socket.
 const (
-	CodeNotFound    = "not_found"    // no such sandbox (ErrNotFound)
-	CodeBusy        = "busy"         // files open, a mount busy, the state root locked
-	CodeConflict    = "conflict"     // the original changed underneath, or sandboxes overlap
-	CodeIllegalMove = "illegal_move" // the sandbox's state forbids it (ErrIllegalMove, ErrNotActive)
-	CodeInvalid     = "invalid"      // a bad request or argument (ErrInvalid)
-	CodeFailed      = "failed"       // anything else
+	CodeNotFound = "not_found" // no such sandbox (ErrNotFound)
+	CodeBusy     = "busy"      // files open, a mount busy, the state root locked
+	CodeConflict = "conflict"  // the original changed underneath, or sandboxes overlap
+	// CodeChangedWhileRead: a conflict where every look of the commit
+	// that failed met the original changing (commit.Error.WhileRead):
+	// nothing is lost, and a commit once the original is still may pass.
+	CodeChangedWhileRead = "changed_while_read"
+	CodeIllegalMove      = "illegal_move" // the sandbox's state forbids it (ErrIllegalMove, ErrNotActive)
+	CodeInvalid          = "invalid"      // a bad request or argument (ErrInvalid)
+	CodeFailed           = "failed"       // anything else
 )
 
 type daemonRequest struct {
@@ -133,6 +137,7 @@ func FailureInfos(fs []Failure) []FailureInfo {
 func ErrorCode(err error) string {
 	var be *fuse.BusyError
 	var de *DaemonError
+	var ce *commit.Error
 	switch {
 	case err == nil:
 		return ""
@@ -140,6 +145,8 @@ func ErrorCode(err error) string {
 		return de.Code
 	case errors.Is(err, ErrNotFound):
 		return CodeNotFound
+	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.WhileRead():
+		return CodeChangedWhileRead
 	case errors.Is(err, commit.ErrConflict), errors.Is(err, ErrOverlap):
 		return CodeConflict
 	case errors.Is(err, commit.ErrBusy), errors.As(err, &be), errors.Is(err, ErrLocked), errors.Is(err, unix.EBUSY),

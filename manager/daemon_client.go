@@ -36,7 +36,7 @@ func (e *DaemonError) Is(target error) bool {
 	switch e.Code {
 	case CodeNotFound:
 		return target == ErrNotFound
-	case CodeConflict:
+	case CodeConflict, CodeChangedWhileRead:
 		return target == commit.ErrConflict
 	case CodeBusy:
 		return target == commit.ErrBusy

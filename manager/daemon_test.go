@@ -228,3 +228,18 @@ func TestDaemonStopAndUnmountRequests(t *testing.T) {
 	_, err = d.Ping()
 	assert.NoError(t, err, "the server answers until its owner closes it")
 }
+
+// TestErrorCodeOfAConflictWhileRead: a commit refused because its looks
+// met the original changing (a symlink on the way) has a code of its own,
+// which a client still matches as a conflict; one real conflict among
+// them makes it a plain conflict.
+func TestErrorCodeOfAConflictWhileRead(t *testing.T) {
+	whileRead := commit.Conflict{Path: "d/f", Reason: commit.ReasonChangedWhileRead}
+	other := commit.Conflict{Path: "g", Reason: "content changed in the original"}
+	plan := func(cs ...commit.Conflict) error {
+		return (*PlanError)(&PlanResult{Plan: "p", Err: &commit.Error{Stage: commit.StageApply, Conflicts: cs, Err: commit.ErrConflict}})
+	}
+	assert.Equal(t, CodeChangedWhileRead, ErrorCode(plan(whileRead)))
+	assert.Equal(t, CodeConflict, ErrorCode(plan(whileRead, other)))
+	assert.ErrorIs(t, &DaemonError{Code: CodeChangedWhileRead, Msg: "m"}, commit.ErrConflict)
+}

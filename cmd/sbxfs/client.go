@@ -104,6 +104,8 @@ func daemonFailure(err error, root string, other int) error {
 		return failf(exitBusy, "%w; close the files or processes using the sandbox, or retry", err)
 	case manager.CodeConflict:
 		return failf(exitConflict, "%w\nno original was changed; %s", err, conflictHint)
+	case manager.CodeChangedWhileRead:
+		return failf(exitConflict, "%w\nno original was changed; %s", err, whileReadHint)
 	case manager.CodeIllegalMove:
 		return failf(exitState, "%w; see 'sbxfs list' for its state", err)
 	case manager.CodeInvalid:

@@ -25,6 +25,7 @@ func TestDaemonFailureExitCodes(t *testing.T) {
 		{&manager.DaemonError{Code: manager.CodeNotFound, Msg: "m"}, exitNotSbxfs},
 		{&manager.DaemonError{Code: manager.CodeBusy, Msg: "m"}, exitBusy},
 		{plan(manager.CodeConflict), exitConflict},
+		{plan(manager.CodeChangedWhileRead), exitConflict},
 		{plan(manager.CodeIllegalMove), exitState},
 		{&manager.DaemonError{Code: manager.CodeInvalid, Msg: "m"}, exitBadPath},
 		{plan(manager.CodeFailed), exitCommitFailed},
@@ -36,6 +37,8 @@ func TestDaemonFailureExitCodes(t *testing.T) {
 		assert.True(t, errors.Is(err, tt.err), "the cause stays matchable")
 	}
 	assert.NoError(t, daemonFailure(nil, "/state", exitInternal))
+	assert.Contains(t, daemonFailure(plan(manager.CodeChangedWhileRead), "/state", exitCommitFailed).Error(), "commit again once it is still")
+	assert.Contains(t, daemonFailure(plan(manager.CodeConflict), "/state", exitCommitFailed).Error(), "sbxfs resolve")
 }
 
 // Usage errors of the managed commands, found before any daemon is

@@ -139,18 +139,22 @@ func finishCommit(c *cli.Context, sb *sandbox, ctl *manager.Control, rec *commit
 // conflictHint says what to do about conflicts.
 const conflictHint = "keep the sandbox's version of a path with 'sbxfs resolve MOUNTPOINT PATH...' (merge the original's change into the sandbox first to keep it too), or use --force for every path"
 
+// whileReadHint is the hint for a conflict of the original changing while
+// the commit read it (commit.Error.WhileRead).
+const whileReadHint = "the original was changing while the commit read it: commit again once it is still"
+
 // commitFailure gives a commit error its exit code and a hint.
 func commitFailure(err error) error {
 	var ce *commit.Error
 	switch {
 	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.RolledBack && ce.WhileRead():
-		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nthe commit was undone; the original was changing while the commit ran: commit again once it is still", err)}
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nthe commit was undone; %s", err, whileReadHint)}
 	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.RolledBack:
 		// Found during the apply: someone wrote to the original while
 		// the commit ran.
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nthe commit was undone; the next one names these as conflicts: %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrConflict) && errors.As(err, &ce) && ce.WhileRead():
-		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; the original was changing while the commit read it: commit again once it is still", err)}
+		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, whileReadHint)}
 	case errors.Is(err, commit.ErrConflict):
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrBusy):

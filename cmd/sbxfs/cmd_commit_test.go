@@ -24,7 +24,7 @@ func TestCommitFailureMessages(t *testing.T) {
 		{before, "nothing was applied; keep the sandbox's version"},
 		{whileRead, "nothing was applied; the original was changing while the commit read it: commit again once it is still"},
 		{during, "the commit was undone; the next one names these as conflicts: keep the sandbox's version"},
-		{whileApplied, "the commit was undone; the original was changing while the commit ran: commit again once it is still"},
+		{whileApplied, "the commit was undone; the original was changing while the commit read it: commit again once it is still"},
 	} {
 		err := commitFailure(tc.err)
 		var ee *exitError
