@@ -268,9 +268,14 @@ func (n *node) reissue(parent *fusefs.Inode, name string) bool {
 	if parent == nil || !n.parted() {
 		return false
 	}
+	n.dropEntry(parent, name)
+	return true
+}
+
+// dropEntry is the kernel's side of reissue: see there.
+func (n *node) dropEntry(parent *fusefs.Inode, name string) {
 	_ = n.NotifyContent(-1, 0)
 	go parent.NotifyEntry(name)
-	return true
 }
 
 // stale reports whether n is a node reissue took away. A syscall that
@@ -296,9 +301,33 @@ func (n *node) parted() bool {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.partedLocked()
+}
+
+func (n *node) partedLocked() bool {
 	ok := n.obj.Upper && len(n.open) == 0 && !n.reissued && !n.linkedHere
 	n.reissued = n.reissued || ok
 	return ok
+}
+
+// linkedLocked settles, as one step with the link the sandbox just made
+// to n (n.mu held throughout: a release of n's last handle in between
+// would reissue n while the new name joins it, and leave the two names on
+// two nodes), what becomes of n: parted now (drop: n's entry is to be
+// dropped), or before (n stale), the new name gets a node of its own (own),
+// the copy's; else it joins n (linkedHere).
+func (n *node) linkedLocked() (own, drop bool) {
+	if n.StableAttr().Gen == 0 {
+		return false, false
+	}
+	if n.reissued {
+		return true, false
+	}
+	if n.partedLocked() {
+		return true, true
+	}
+	n.linkedHere = true
+	return false, false
 }
 
 // reissueHere is reissue at n's current name.

@@ -97,17 +97,24 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	}
 	t.mu.Lock()
 	e, err := n.fs.layers.Link(trel, &t.obj, rel, obj, name, caller(ctx))
+	var own, drop bool
+	if err == nil {
+		own, drop = t.linkedLocked()
+	}
 	t.mu.Unlock()
 	if err != nil {
 		return nil, n.fs.toErrno("link", err)
 	}
-	if tname, tparent := t.Parent(); t.reissue(tparent, tname) {
-		// t, a name of an original file with several links, was copied
-		// up by the link: both names become one new node with the
-		// copy's number (the kernel looks t's name up again).
-		return n.newChild(ctx, name, &e, out), 0
+	if !own {
+		return t.linked(&e, out), 0
 	}
-	return t.linked(&e, out), 0
+	// t, a name of an original file with several links, was copied up
+	// by the link (or before): both names become one new node with the
+	// copy's number (the kernel looks t's name up again).
+	if tname, tparent := t.Parent(); drop && tparent != nil {
+		t.dropEntry(tparent, tname)
+	}
+	return n.newChild(ctx, name, &e, out), 0
 }
 
 // linked is the node of e, a new link to n: n itself, so that the kernel

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,6 +333,95 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	require.NoError(t, err, "cp chmod keep: %s", out)
 	assert.Equal(t, "shared\n", mustRead(t, sb.path("keep")))
 	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")), "cp over keep reached write")
+}
+
+// TestPartingLinksUnderConcurrentStats: names of original files with
+// several links are parted (chmod, a new link, a rename) while another
+// thread stats and reads them without pause. The old node of a parted
+// name sends a stat or open that still reaches it on with ESTALE, which
+// the kernel answers by looking the name up again: none of that may reach
+// the reader, as a stat or open that fails or a read of other content.
+// (A name the reader holds open as it is parted keeps its node, and the
+// original's number, until the last close: a chmodded or renamed one
+// shows its own number then; a new link and its name stay one inode.)
+func TestPartingLinksUnderConcurrentStats(t *testing.T) {
+	const n = 60
+	files := map[string]string{}
+	for i := range n {
+		files[fmt.Sprintf("f%d", i)] = fmt.Sprintf("content %d\n", i)
+	}
+	orig := newOrig(t, files)
+	for i := range n {
+		require.NoError(t, os.Link(filepath.Join(orig, fmt.Sprintf("f%d", i)), filepath.Join(orig, fmt.Sprintf("g%d", i))))
+	}
+	sb := mountSandbox(t, orig)
+	g := make([]uint64, n)
+	for i := range n {
+		g[i] = lstat(t, sb.path(fmt.Sprintf("g%d", i))).Ino
+	}
+	// parted is the name of f<i> once parted: a rename gives another.
+	parted := func(i int) string {
+		if i%3 == 2 {
+			return fmt.Sprintf("r%d", i)
+		}
+		return fmt.Sprintf("f%d", i)
+	}
+	var stop atomic.Bool
+	var readerErr atomic.Value
+	var reads atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !stop.Load() {
+			for i := range n {
+				name := sb.path(fmt.Sprintf("f%d", i))
+				if i%3 == 2 {
+					continue // renamed: its old name goes away
+				}
+				var st unix.Stat_t
+				if err := unix.Lstat(name, &st); err != nil {
+					readerErr.CompareAndSwap(nil, fmt.Sprintf("lstat f%d: %v", i, err))
+					return
+				}
+				data, err := os.ReadFile(name)
+				if err != nil || string(data) != files[fmt.Sprintf("f%d", i)] {
+					readerErr.CompareAndSwap(nil, fmt.Sprintf("read f%d: %q, %v", i, data, err))
+					return
+				}
+				reads.Add(1)
+			}
+		}
+	}()
+	for i := range n {
+		f := sb.path(fmt.Sprintf("f%d", i))
+		switch i % 3 {
+		case 0:
+			require.NoError(t, os.Chmod(f, 0o600))
+		case 1:
+			require.NoError(t, os.Link(f, sb.path(fmt.Sprintf("h%d", i))))
+		case 2:
+			require.NoError(t, os.Rename(f, sb.path(parted(i))))
+		}
+		var st unix.Stat_t
+		require.NoError(t, unix.Lstat(sb.path(parted(i)), &st), "%s right after it was parted", parted(i))
+	}
+	stop.Store(true)
+	<-done
+	if e := readerErr.Load(); e != nil {
+		t.Errorf("the reader: %s", e)
+	}
+	t.Logf("%d stats and reads alongside", reads.Load())
+	for i := range n {
+		name := parted(i)
+		if i%3 == 1 {
+			f, h := lstat(t, sb.path(name)), lstat(t, sb.path(fmt.Sprintf("h%d", i)))
+			assert.Equal(t, [2]uint64{f.Ino, 2}, [2]uint64{h.Ino, h.Nlink}, "%s and its new link h%d (g%d: %#x)", name, i, i, g[i])
+			continue
+		}
+		assert.Eventually(t, func() bool { return lstat(t, sb.path(name)).Ino != g[i] },
+			10*time.Second, 5*time.Millisecond, "%s shows the number of g%d it was parted from", name, i)
+		assert.Equal(t, files[fmt.Sprintf("f%d", i)], mustRead(t, sb.path(name)))
+	}
 }
 
 // TestOriginalLinkLookedUpAgainWhileOpen: a name of an original file with
