@@ -215,6 +215,22 @@ func (w *swapper) done() {
 	require.NoError(w.t, os.Remove(w.swap), "the symlink is at %s again", w.swap)
 }
 
+// commitSwappedAt commits s with the symlink swapped in at the fault
+// point, and the directory put back once the commit returned; it returns
+// the commit's error.
+func (w *swapper) commitSwappedAt(s *sandbox, point string) error {
+	x, err := Prepare(s.cfg, Options{Fault: func(p string) {
+		if p == point {
+			w.exchange()
+		}
+	}})
+	require.NoError(w.t, err)
+	err = Commit(x)
+	w.back()
+	w.done()
+	return err
+}
+
 // TestWriteBetweenTheCheckAndTheApplyIsAConflict: after the conflict
 // check passed and before the apply moves it into the backups, another
 // writer changes what the commit replaces or removes: a file written to
@@ -554,16 +570,7 @@ func TestRenamedDirectorySwappedForASymlinkBeforeTheApply(t *testing.T) {
 	s.rename("d", "renamed")
 	s.done()
 	before := snapshot(t, s.orig)
-	w := newSwapper(t, s.orig, "d")
-	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
-		if point == "staged" {
-			w.exchange()
-		}
-	}})
-	require.NoError(t, err)
-	err = Commit(x)
-	w.back()
-	w.done() // the symlink is d.swap again, the directory d
+	err := newSwapper(t, s.orig, "d").commitSwappedAt(s, "staged")
 	assertChangedDuringCommit(t, err, "d", changedDuringCommit)
 	assert.Equal(t, before, snapshot(t, s.orig), "the original as it was")
 	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
@@ -751,16 +758,7 @@ func TestSymlinkSwappedInDuringTheApply(t *testing.T) {
 	s.write("d/f", "sandbox f")
 	s.done()
 	before := snapshot(t, s.orig)
-	w := newSwapper(t, s.orig, "d")
-	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
-		if point == "prepared" {
-			w.exchange()
-		}
-	}})
-	require.NoError(t, err)
-	err = Commit(x)
-	w.back()
-	w.done()
+	err := newSwapper(t, s.orig, "d").commitSwappedAt(s, "prepared")
 	ce := assertChangedDuringCommit(t, err, "d/f", ReasonChangedWhileRead)
 	assert.Equal(t, StageApply, ce.Stage)
 	assert.True(t, ce.WhileRead())
