@@ -335,6 +335,32 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")), "cp over keep reached write")
 }
 
+// TestPartedLinkHeldByAnOPathDescriptor: an O_PATH descriptor of a name
+// of an original file with several links, opened before a chmod parts
+// that name, holds the node the parting took away: fstat on it fails with
+// ESTALE (as from NFS once a file is replaced; docs/design.md,
+// "Departures"), while the name itself shows the copy, with the new mode
+// and a number of its own.
+func TestPartedLinkHeldByAnOPathDescriptor(t *testing.T) {
+	orig := newOrig(t, map[string]string{"a": "shared\n"})
+	require.NoError(t, os.Link(filepath.Join(orig, "a"), filepath.Join(orig, "b")))
+	sb := mountSandbox(t, orig)
+	b := lstat(t, sb.path("b"))
+	fd, err := unix.Open(sb.path("a"), unix.O_PATH|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	assert.Equal(t, b.Ino, st.Ino, "a and b before the chmod")
+
+	require.NoError(t, os.Chmod(sb.path("a"), 0o600))
+	a := lstat(t, sb.path("a"))
+	assert.NotEqual(t, b.Ino, a.Ino, "a, parted, shows a number of its own")
+	assert.Equal(t, uint32(0o600), a.Mode&0o7777)
+	assert.ErrorIs(t, unix.Fstat(fd, &st), unix.ESTALE, "fstat of the O_PATH descriptor opened before the parting")
+	assert.Equal(t, "shared\n", mustRead(t, sb.path("a")))
+}
+
 // TestPartingLinksUnderConcurrentStats: names of original files with
 // several links are parted (chmod, a new link, a rename) while another
 // thread stats and reads them without pause. The old node of a parted
