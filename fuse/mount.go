@@ -294,11 +294,16 @@ func (s *Server) Wait() error {
 	return s.layers.Close()
 }
 
-// Unmount unmounts the sandbox. It fails with EBUSY while files are open.
+// Unmount unmounts the sandbox. It fails with EBUSY while the mount is in
+// use (a file open, a working directory in it); a frozen mount then stays
+// frozen, so a commit that cannot unmount resets the sandbox with no
+// change slipping in between. Once unmounted it is thawed: no process can
+// be waiting at the gate of a mount nothing uses.
 func (s *Server) Unmount() error {
 	if err := s.srv.Unmount(); err != nil {
 		return fmt.Errorf("unmount %s: %w", s.mnt, err)
 	}
+	s.Thaw()
 	return nil
 }
 

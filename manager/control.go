@@ -129,11 +129,11 @@ func (s *ControlServer) serve(conn net.Conn) {
 		case "reset":
 			err = s.c.Reset()
 		case "unmount":
-			if frozen {
-				s.c.Thaw()
+			// A busy mount stays frozen (fuse.Server.Unmount): the
+			// caller resets it next.
+			if err = s.c.Unmount(); err == nil {
 				frozen = false
 			}
-			err = s.c.Unmount()
 		default:
 			err = fmt.Errorf("unknown request %q", req.Op)
 		}

@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/internal/shellwriter"
 )
 
 // daemon is a testdaemon process serving one mounted sandbox: this test
@@ -201,6 +203,45 @@ func TestMountedSandboxCommitsFrozen(t *testing.T) {
 	assert.Equal(t, "d", readFile(t, orig, "during"))
 	assert.False(t, mounted(d.mnt), "unmounted after a commit without keep")
 	assert.NoDirExists(t, d.mnt)
+}
+
+// A commit of a mount a shell keeps busy (its working directory is in
+// it): the commit succeeds, the mount stays up over the new original with
+// an empty sandbox, and every file the shell made after the freeze is in
+// that sandbox, none lost; the next commit takes them. (Until 2026-11-26
+// the failed unmount thawed the mount and the reset froze it again: what
+// the shell made in between, while the unmount was retried, was reset
+// away.)
+func TestMountedSandboxCommitWhileBusy(t *testing.T) {
+	root := t.TempDir()
+	orig := makeTree(t, fixtureFiles)
+	d := startDaemon(t, root, orig)
+	require.NoError(t, os.WriteFile(filepath.Join(d.mnt, "f"), []byte("through the mount"), 0o644))
+	w, err := shellwriter.Start(d.mnt)
+	require.NoError(t, err)
+	t.Cleanup(w.Stop) // before the daemon's cleanup, registered earlier
+	require.True(t, w.WaitCreated(3, 10*time.Second), "the shell makes files")
+
+	d.send("commit wait=5s")
+	a := d.answer()
+	require.Empty(t, a.Err)
+	assert.Equal(t, []string{d.id}, a.Result.Committed)
+	assert.True(t, mounted(d.mnt), "a busy mount stays mounted")
+	assert.Equal(t, "through the mount", readFile(t, orig, "f"))
+	require.True(t, w.WaitCreated(len(w.Created())+3, 10*time.Second), "thawed: the shell goes on")
+	w.Stop()
+	made := w.Created()
+	for _, n := range made {
+		assert.Equal(t, n+"\n", readFile(t, d.mnt, "n"+n), "made by the shell")
+	}
+
+	d.send("commit wait=5s")
+	a = d.answer()
+	require.Empty(t, a.Err)
+	assert.False(t, mounted(d.mnt), "no longer busy: unmounted")
+	for _, n := range made {
+		assert.Equal(t, n+"\n", readFile(t, orig, "n"+n))
+	}
 }
 
 // New mounts every active sandbox again: after a clean Close, and after

@@ -109,10 +109,10 @@ func (m *Manager) controller(r *record) (ctl controller, close func(), err error
 // mount instead of failing.
 func (m *Manager) unmountSandbox(r *record, lazy bool) error {
 	if mt := m.mountOf(r.ID); mt != nil {
-		mt.srv.Thaw()
-		err := mt.srv.Unmount()
+		err := mt.srv.Unmount() // a busy mount stays frozen, if it was
 		if err != nil && lazy {
 			m.log.Warn("the mount is busy; detaching it lazily", "sandbox", r.ID, "err", err)
+			mt.srv.Thaw() // what still uses it must not wait at the gate
 			err = lazyDetach(r.Mountpoint)
 		}
 		if err != nil {

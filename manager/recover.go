@@ -181,12 +181,11 @@ func (m *Manager) mountParents(r *record) {
 func (m *Manager) afterCommit(p *participant, keep bool) error {
 	r := &p.rec
 	if !keep {
-		if p.frozen {
-			p.ctl.Thaw()
-			p.frozen = false
-		}
+		// A busy mount stays frozen through the failed unmount, so no
+		// change lands between the commit and the reset below.
 		err := m.unmountSandbox(r, false)
 		if err == nil {
+			p.frozen = false
 			if err := m.purgeDirs(r); err != nil {
 				return err
 			}

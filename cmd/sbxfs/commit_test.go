@@ -6,9 +6,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/internal/shellwriter"
 )
 
 // TestCommitKeepRollbackCycle drives the whole cycle as a user types it:
@@ -103,4 +106,46 @@ func TestCommitGit(t *testing.T) {
 	assert.Equal(t, "M\ta.txt\nR100\ttracked/x.txt\tmoved/x.txt\nR100\ttracked/y/z.txt\tmoved/y/z.txt\nA\tsub/n.txt",
 		git("show", "--name-status", "--format=", "HEAD"))
 	assert.Equal(t, "M unrelated.txt", git("status", "--porcelain"), "the unrelated dirty file is left alone")
+}
+
+// TestCommitOfABusyMount: a shell working in the mount keeps it busy, so
+// the commit cannot unmount it. The commit succeeds (exit 0), says so,
+// and leaves the mount up over the new original with an empty sandbox;
+// the shell's files made after the commit's freeze are in the sandbox,
+// none lost, and the next commit takes them without a false conflict.
+// (Until 2026-11-26 the failed unmount thawed the mount, the reset then
+// failed, exit 1, and the sandbox kept the committed changes: the next
+// commit named them as conflicts.)
+func TestCommitOfABusyMount(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin, f := mountedFixture(t)
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("v2\n"), 0o644))
+	w, err := shellwriter.Start(f.mnt)
+	require.NoError(t, err)
+	t.Cleanup(w.Stop) // before the mount's cleanup, registered earlier
+	require.True(t, w.WaitCreated(3, 10*time.Second), "the shell makes files")
+
+	r := runBin(t, bin, "commit", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "is busy: it stays mounted over the updated original with an empty sandbox")
+	assert.Contains(t, r.stdout, "committed")
+	assert.True(t, isMounted(t, f.mnt), "a busy mount stays mounted")
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "v2\n")
+	for _, c := range statusOf(t, f.mnt).Changes {
+		assert.True(t, strings.HasPrefix(c.Path, "n"), "only the writer's later files are in the sandbox, not %s", c.Path)
+	}
+
+	require.True(t, w.WaitCreated(len(w.Created())+3, 10*time.Second), "thawed: the shell goes on")
+	w.Stop()
+	made := w.Created()
+	for _, n := range made {
+		assertFile(t, filepath.Join(f.mnt, "n"+n), n+"\n")
+	}
+	r = runBin(t, bin, "commit", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.False(t, isMounted(t, f.mnt), "no longer busy: unmounted")
+	for _, n := range made {
+		assertFile(t, filepath.Join(f.orig, "n"+n), n+"\n")
+	}
 }
