@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -301,6 +302,11 @@ func (s *Server) Wait() error {
 // be waiting at the gate of a mount nothing uses.
 func (s *Server) Unmount() error {
 	if err := s.srv.Unmount(); err != nil {
+		// go-fuse falls back to fusermount3, whose message is all that
+		// says why.
+		if strings.Contains(err.Error(), "busy") {
+			err = syscall.EBUSY
+		}
 		return fmt.Errorf("unmount %s: %w", s.mnt, err)
 	}
 	s.Thaw()
@@ -312,6 +318,3 @@ func (s *Server) Layers() *layers.Layers { return s.layers }
 
 // Mountpoint is where the sandbox is mounted.
 func (s *Server) Mountpoint() string { return s.mnt }
-
-// IsMountpointBusy reports whether err says the mount was still in use.
-func IsMountpointBusy(err error) bool { return errors.Is(err, syscall.EBUSY) }

@@ -38,10 +38,11 @@ type request struct {
 }
 
 type response struct {
-	OK    bool     `json:"ok"`
-	Error string   `json:"error,omitempty"`
-	Busy  []string `json:"busy,omitempty"`
-	Pid   int      `json:"pid,omitempty"`
+	OK        bool     `json:"ok"`
+	Error     string   `json:"error,omitempty"`
+	Busy      []string `json:"busy,omitempty"`       // files open for writing (freeze)
+	MountBusy bool     `json:"mount_busy,omitempty"` // the mount is in use (unmount)
+	Pid       int      `json:"pid,omitempty"`
 }
 
 // ControlServer answers control requests for one mount.
@@ -143,6 +144,7 @@ func (s *ControlServer) serve(conn net.Conn) {
 			if errors.As(err, &be) {
 				resp.Busy = be.Paths
 			}
+			resp.MountBusy = errors.Is(err, unix.EBUSY)
 		}
 		if enc.Encode(resp) != nil {
 			return
@@ -204,10 +206,20 @@ func (c *Control) call(req request) (response, error) {
 		if len(resp.Busy) > 0 {
 			return resp, &fuse.BusyError{Paths: resp.Busy}
 		}
+		if resp.MountBusy {
+			return resp, mountBusyError(resp.Error)
+		}
 		return resp, errors.New(resp.Error)
 	}
 	return resp, nil
 }
+
+// mountBusyError is a serving process's answer that its mount is in use:
+// it is unix.EBUSY.
+type mountBusyError string
+
+func (e mountBusyError) Error() string        { return string(e) }
+func (e mountBusyError) Is(target error) bool { return target == unix.EBUSY }
 
 // Freeze stops changes to the mount (see fuse.Server.Freeze); the mount
 // thaws when this connection closes.

@@ -83,6 +83,7 @@ type daemonResponse struct {
 	Committed      []string      `json:"committed,omitempty"`
 	RolledBack     []string      `json:"rolled_back,omitempty"`
 	RollbackFailed []FailureInfo `json:"rollback_failed,omitempty"`
+	StillMounted   []string      `json:"still_mounted,omitempty"`
 	Op             string        `json:"batch_op,omitempty"`
 	Done           []string      `json:"done,omitempty"`
 	Failed         []FailureInfo `json:"failed,omitempty"`
@@ -378,7 +379,7 @@ func (s *DaemonServer) commit(req daemonRequest, resp *daemonResponse) error {
 		res, err = s.m.CommitPlan(s.ctx, req.Plan, o)
 	}
 	if res != nil {
-		resp.Plan, resp.Committed, resp.RolledBack = res.Plan, res.Committed, res.RolledBack
+		resp.Plan, resp.Committed, resp.RolledBack, resp.StillMounted = res.Plan, res.Committed, res.RolledBack, res.StillMounted
 		resp.RollbackFailed = FailureInfos(res.RollbackFailed)
 	}
 	return err

@@ -34,11 +34,12 @@ type daemon struct {
 
 type daemonAnswer struct {
 	Result struct {
-		Committed []string `json:"committed"`
-		Done      []string `json:"done"`
-		ID        string   `json:"id"`      // mount: the sandbox
-		State     State    `json:"state"`   // mount
-		Mounted   bool     `json:"mounted"` // mount
+		Committed    []string `json:"committed"`
+		StillMounted []string `json:"still_mounted"`
+		Done         []string `json:"done"`
+		ID           string   `json:"id"`      // mount: the sandbox
+		State        State    `json:"state"`   // mount
+		Mounted      bool     `json:"mounted"` // mount
 	} `json:"result"`
 	Err string `json:"err"`
 }
@@ -226,6 +227,7 @@ func TestMountedSandboxCommitWhileBusy(t *testing.T) {
 	a := d.answer()
 	require.Empty(t, a.Err)
 	assert.Equal(t, []string{d.id}, a.Result.Committed)
+	assert.Equal(t, []string{d.id}, a.Result.StillMounted, "the result says it stays mounted")
 	assert.True(t, mounted(d.mnt), "a busy mount stays mounted")
 	assert.Equal(t, "through the mount", readFile(t, orig, "f"))
 	require.True(t, w.WaitCreated(len(w.Created())+3, 10*time.Second), "thawed: the shell goes on")
@@ -238,6 +240,7 @@ func TestMountedSandboxCommitWhileBusy(t *testing.T) {
 	d.send("commit wait=5s")
 	a = d.answer()
 	require.Empty(t, a.Err)
+	assert.Empty(t, a.Result.StillMounted)
 	assert.False(t, mounted(d.mnt), "no longer busy: unmounted")
 	for _, n := range made {
 		assert.Equal(t, n+"\n", readFile(t, orig, "n"+n))

@@ -43,6 +43,8 @@ type participant struct {
 	nested     bool
 	done       bool // committed into its parent (the plan record says so)
 	unfinished bool // done, but finishing or ending it failed
+	// stillMounted: committed, but its mount was busy: kept, reset.
+	stillMounted bool
 }
 
 // planCommit is one run of the plan commit protocol (docs/manager.md).
@@ -276,6 +278,9 @@ func (c *planCommit) commitNested(lv []*participant, level int) error {
 		if err == nil {
 			err = safely(func() error { return c.m.afterCommit(p, c.opt.Keep) })
 		}
+		if p.stillMounted {
+			c.res.StillMounted = append(c.res.StillMounted, p.rec.ID)
+		}
 		if err != nil {
 			p.unfinished = true
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
@@ -476,7 +481,11 @@ func (c *planCommit) finish(failed error) {
 		if p.done {
 			continue
 		}
-		if err := safely(func() error { return c.m.afterCommit(p, c.opt.Keep) }); err != nil {
+		err := safely(func() error { return c.m.afterCommit(p, c.opt.Keep) })
+		if p.stillMounted {
+			c.res.StillMounted = append(c.res.StillMounted, p.rec.ID)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))
 			unfinished = append(unfinished, p.rec.ID)
 			c.m.note(&p.rec, "committed, but ending the sandbox failed (retried by the next operation on the plan): "+err.Error())

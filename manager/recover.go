@@ -193,6 +193,7 @@ func (m *Manager) afterCommit(p *participant, keep bool) error {
 			return m.moveSave(r, Committed)
 		}
 		m.log.Warn("committed, but the mount is busy: it stays mounted with an empty sandbox", "sandbox", r.ID, "err", err)
+		p.stillMounted = true
 	}
 	if err := m.reset(p); err != nil {
 		return err

@@ -57,12 +57,17 @@ func (f Failure) Unwrap() error { return f.Err }
 //   - RollbackFailed: the sandboxes whose undo failed, each with its cause:
 //     their originals may be partly changed; their undo logs and backups
 //     are kept, and the next operation on the plan retries the undo.
+//   - StillMounted: committed sandboxes whose mount was in use (a file
+//     open, a working directory in it) and could not be unmounted: they
+//     stay mounted and active over their new originals, with empty
+//     sandboxes (as with Keep).
 //   - Err: nil on success, else the first cause.
 type PlanResult struct {
 	Plan           string    `json:"plan"`
 	Committed      []string  `json:"committed"`
 	RolledBack     []string  `json:"rolled_back"`
 	RollbackFailed []Failure `json:"rollback_failed"`
+	StillMounted   []string  `json:"still_mounted"`
 	Err            error     `json:"-"`
 }
 

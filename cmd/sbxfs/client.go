@@ -130,13 +130,14 @@ type planJSON struct {
 	Committed      []string              `json:"committed"`
 	RolledBack     []string              `json:"rolled_back"`
 	RollbackFailed []manager.FailureInfo `json:"rollback_failed"`
+	StillMounted   []string              `json:"still_mounted"`
 	Error          string                `json:"error,omitempty"`
 	Code           string                `json:"code,omitempty"`
 }
 
 func toPlanJSON(res *manager.PlanResult) planJSON {
 	j := planJSON{Plan: res.Plan, Committed: nonNil(res.Committed), RolledBack: nonNil(res.RolledBack),
-		RollbackFailed: manager.FailureInfos(res.RollbackFailed)}
+		RollbackFailed: manager.FailureInfos(res.RollbackFailed), StillMounted: nonNil(res.StillMounted)}
 	if res.Err != nil {
 		j.Error, j.Code = res.Err.Error(), manager.ErrorCode(res.Err)
 	}
@@ -276,6 +277,9 @@ func printCommit(c *cli.Context, res *manager.PlanResult, failed error) error {
 	}
 	for _, id := range res.Committed {
 		fmt.Fprintf(c.App.Writer, "committed %s\n", id)
+	}
+	for _, id := range res.StillMounted {
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but the mount of %s is in use: it stays mounted over the updated original with an empty sandbox; unmount or destroy it when done\n", id)
 	}
 	return nil
 }

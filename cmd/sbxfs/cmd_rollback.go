@@ -43,6 +43,9 @@ func runRollback(c *cli.Context) error {
 	}
 	if !c.Bool("keep") {
 		if err := sb.end(ctl); err != nil {
+			if exitCode(err) == exitBusy {
+				return failf(exitBusy, "%v; nothing was rolled back: close what uses it and retry, or use --keep to empty the sandbox and stay mounted", err)
+			}
 			return err
 		}
 		if err := sb.discard(); err != nil {

@@ -149,3 +149,29 @@ func TestCommitOfABusyMount(t *testing.T) {
 		assertFile(t, filepath.Join(f.orig, "n"+n), n+"\n")
 	}
 }
+
+// TestRollbackOfABusyMount: a rollback cannot end a mount in use; it
+// refuses with exit 4, says what to do, and changes nothing (until
+// 2026-11-26: exit 1 with fusermount3's message).
+func TestRollbackOfABusyMount(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin, f := mountedFixture(t)
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("v2\n"), 0o644))
+	w, err := shellwriter.Start(f.mnt)
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	require.True(t, w.WaitCreated(0, 10*time.Second), "the shell makes files")
+
+	r := runBin(t, bin, "rollback", f.mnt)
+	assertFailure(t, r, exitBusy, "is in use")
+	assert.Contains(t, r.stderr, "nothing was rolled back: close what uses it and retry, or use --keep")
+	assert.True(t, isMounted(t, f.mnt))
+	assertFile(t, filepath.Join(f.mnt, "a.txt"), "v2\n")
+
+	w.Stop()
+	r = runBin(t, bin, "rollback", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.False(t, isMounted(t, f.mnt))
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/internal/shellwriter"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -282,6 +283,49 @@ func TestManagedRollbackDestroyGC(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
 	assert.Equal(t, "gc", res.Op)
 	assert.Empty(t, res.Failed)
+}
+
+// TestManagedCommitOfABusyMount: through the daemon too, a commit whose
+// mount is in use (a shell working in it) succeeds, says that the sandbox
+// stays mounted (on stderr; still_mounted with --json), and leaves it
+// active with an empty sandbox, until a commit once nothing uses it.
+func TestManagedCommitOfABusyMount(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	sb := e.create(o)
+	writeFile(t, filepath.Join(sb.Mountpoint, "a.txt"), "mine\n")
+	w, err := shellwriter.Start(sb.Mountpoint)
+	require.NoError(t, err)
+	t.Cleanup(w.Stop) // before the daemon's cleanup, registered earlier
+	require.True(t, w.WaitCreated(0, 10*time.Second), "the shell makes files")
+
+	r := e.sbxfs("commit", sb.Mountpoint)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "committed "+sb.ID)
+	assert.Contains(t, r.stderr, "is in use: it stays mounted over the updated original with an empty sandbox")
+	assertFile(t, filepath.Join(o, "a.txt"), "mine\n")
+	assert.True(t, isMounted(t, sb.Mountpoint))
+	assert.Equal(t, manager.Active, e.list()[sb.ID].State)
+
+	require.True(t, w.WaitCreated(len(w.Created())+1, 10*time.Second), "thawed: the shell goes on")
+	r = e.sbxfs("commit", "--json", sb.Mountpoint)
+	require.Equal(t, 0, r.code, r.stderr)
+	var res planJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
+	assert.Equal(t, []string{sb.ID}, res.StillMounted)
+
+	w.Stop()
+	r = e.sbxfs("commit", "--json", sb.Mountpoint)
+	require.Equal(t, 0, r.code, r.stderr)
+	res = planJSON{}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
+	assert.Equal(t, []string{sb.ID}, res.Committed)
+	assert.Empty(t, res.StillMounted)
+	assert.False(t, isMounted(t, sb.Mountpoint))
+	for _, n := range w.Created() {
+		assertFile(t, filepath.Join(o, "n"+n), n+"\n")
+	}
 }
 
 func TestManagedRun(t *testing.T) {

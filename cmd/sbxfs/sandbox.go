@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/layers"
 	"github.com/sbxfs/sbxfs/manager"
@@ -81,6 +83,9 @@ func (sb *sandbox) end(ctl *manager.Control) error {
 		time.Sleep(delay)
 	}
 	if err != nil && sb.stillMounted() {
+		if errors.Is(err, unix.EBUSY) || exitCode(err) == exitBusy {
+			return &exitError{code: exitBusy, err: fmt.Errorf("%s is in use (a file open or a working directory in it): %w", sb.mount.Mountpoint, unix.EBUSY)}
+		}
 		return err
 	}
 	if pid := waitServerExit(sb.work, serverExitTimeout); pid != 0 {
