@@ -53,9 +53,10 @@ const (
 	// that failed met the original changing (commit.Error.WhileRead):
 	// nothing is lost, and a commit once the original is still may pass.
 	CodeChangedWhileRead = "changed_while_read"
-	CodeIllegalMove      = "illegal_move" // the sandbox's state forbids it (ErrIllegalMove, ErrNotActive)
-	CodeInvalid          = "invalid"      // a bad request or argument (ErrInvalid)
-	CodeFailed           = "failed"       // anything else
+	CodeIllegalMove      = "illegal_move"     // the sandbox's state forbids it (ErrIllegalMove, ErrNotActive)
+	CodeInvalid          = "invalid"          // a bad request or argument (ErrInvalid)
+	CodeOriginalMissing  = "original_missing" // a sandbox's original was moved or removed (ErrOriginalMissing)
+	CodeFailed           = "failed"           // anything else
 )
 
 type daemonRequest struct {
@@ -157,6 +158,8 @@ func ErrorCode(err error) string {
 		return CodeIllegalMove
 	case errors.Is(err, ErrInvalid):
 		return CodeInvalid
+	case errors.Is(err, ErrOriginalMissing):
+		return CodeOriginalMissing
 	}
 	return CodeFailed
 }

@@ -44,6 +44,8 @@ func (e *DaemonError) Is(target error) bool {
 		return target == ErrIllegalMove || target == ErrNotActive
 	case CodeInvalid:
 		return target == ErrInvalid
+	case CodeOriginalMissing:
+		return target == ErrOriginalMissing
 	}
 	return false
 }

@@ -409,3 +409,27 @@ func TestCommitPlanOverHardLinksAcrossOriginals(t *testing.T) {
 	assert.Equal(t, map[string]string{".": "dir", "f": "new", "k": "k"}, snapshot(t, o0))
 	assert.Equal(t, map[string]string{".": "dir", "k": "k"}, snapshot(t, o1))
 }
+
+// A plan with a sandbox whose original was moved away commits nothing
+// (ErrOriginalMissing, code original_missing: put it back); once it is
+// back, the commit goes through.
+func TestCommitPlanOriginalMovedAway(t *testing.T) {
+	m := open(t, t.TempDir())
+	fx := newFixture(t, m, "p", 2)
+	away := fx.origs[1] + ".away"
+	require.NoError(t, os.Rename(fx.origs[1], away))
+	res, err := m.CommitPlan(ctx, "p", CommitOptions{})
+	require.ErrorIs(t, err, ErrOriginalMissing)
+	assert.Equal(t, CodeOriginalMissing, ErrorCode(err))
+	assert.Contains(t, err.Error(), fx.origs[1]+" is not there (moved or removed?): put it back there and retry")
+	assert.Empty(t, res.Committed)
+	assert.Equal(t, fx.ids, res.RolledBack)
+	assert.Equal(t, fx.old[0], snapshot(t, fx.origs[0]), "the other original is as before")
+	assert.Equal(t, repeat(Active, 2), fx.states(t, m))
+
+	require.NoError(t, os.Rename(away, fx.origs[1]))
+	res, err = m.CommitPlan(ctx, "p", CommitOptions{})
+	require.NoError(t, err)
+	assert.Len(t, res.Committed, 2)
+	fx.allNew(t)
+}

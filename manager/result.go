@@ -32,6 +32,10 @@ var (
 	// parent (the sandbox whose mount holds its original) is not mounted:
 	// mount the parent first. Its code on the daemon socket is busy.
 	ErrParentUnmounted = errors.New("the sandbox it is nested in is not mounted")
+	// ErrOriginalMissing says a sandbox's original is not where it was
+	// recorded (moved or removed): nothing is committed, the sandbox keeps
+	// its changes. Its code on the daemon socket is original_missing.
+	ErrOriginalMissing = errors.New("the sandbox's original is missing")
 )
 
 // Failure is one sandbox that an operation could not handle, and why.

@@ -110,6 +110,8 @@ func daemonFailure(err error, root string, other int) error {
 		return failf(exitState, "%w; see 'sbxfs list' for its state", err)
 	case manager.CodeInvalid:
 		return failf(exitBadPath, "%w; check the arguments", err)
+	case manager.CodeOriginalMissing:
+		return failf(exitBadPath, "%w", err)
 	}
 	return failf(other, "%w; see %s", err, daemonLog(root))
 }

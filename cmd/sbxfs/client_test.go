@@ -28,6 +28,7 @@ func TestDaemonFailureExitCodes(t *testing.T) {
 		{plan(manager.CodeChangedWhileRead), exitConflict},
 		{plan(manager.CodeIllegalMove), exitState},
 		{&manager.DaemonError{Code: manager.CodeInvalid, Msg: "m"}, exitBadPath},
+		{plan(manager.CodeOriginalMissing), exitBadPath},
 		{plan(manager.CodeFailed), exitCommitFailed},
 		{fmt.Errorf("x: %w", manager.ErrDaemonGone), exitInternal},
 	}
@@ -39,6 +40,7 @@ func TestDaemonFailureExitCodes(t *testing.T) {
 	assert.NoError(t, daemonFailure(nil, "/state", exitInternal))
 	assert.Contains(t, daemonFailure(plan(manager.CodeChangedWhileRead), "/state", exitCommitFailed).Error(), "commit again once it is still")
 	assert.Contains(t, daemonFailure(plan(manager.CodeConflict), "/state", exitCommitFailed).Error(), "sbxfs resolve")
+	assert.True(t, errors.Is(plan(manager.CodeOriginalMissing), manager.ErrOriginalMissing), "matched across the daemon socket")
 }
 
 // Usage errors of the managed commands, found before any daemon is

@@ -63,6 +63,9 @@ func runCommit(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := sb.needOriginal(); err != nil {
+		return err
+	}
 	if c.Bool("git") {
 		if c.String("message") == "" {
 			return failf(exitUsage, "--git needs a commit message: give -m MSG")

@@ -84,6 +84,9 @@ func runDiff(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := sb.needOriginal(); err != nil {
+		return err
+	}
 	cfg, work := sb.cfg, sb.work
 	cs, err := layers.Changes(cfg)
 	if err != nil {

@@ -77,6 +77,9 @@ func runStatus(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := sb.needOriginal(); err != nil {
+		return err
+	}
 	work, m := sb.work, sb.meta
 	cs, err := layers.Changes(sb.cfg)
 	if err != nil {

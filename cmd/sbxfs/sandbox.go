@@ -45,6 +45,23 @@ func openSandbox(arg string, w io.Writer) (*sandbox, error) {
 	return sb, nil
 }
 
+// needOriginal refuses, with what to do, a sandbox whose original is not
+// where it was recorded (moved or removed): its changes cannot be listed
+// or committed against it, and stay in the sandbox.
+func (sb *sandbox) needOriginal() error {
+	orig := sb.meta.Lowers[0]
+	fi, err := os.Stat(orig)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return failf(exitBadPath, "the original %s of this sandbox is missing (moved or removed?): put it back there and retry; the sandbox keeps its changes", orig)
+	case err != nil:
+		return failf(exitBadPath, "the original of this sandbox: %v", err)
+	case !fi.IsDir():
+		return failf(exitBadPath, "the original %s of this sandbox is no longer a directory: put the directory back there and retry; the sandbox keeps its changes", orig)
+	}
+	return nil
+}
+
 // control connects to the process serving a mounted sandbox; nil (and no
 // error) when the sandbox is not mounted or its server is gone (a stale
 // mount changes nothing, so nothing needs freezing).
