@@ -178,6 +178,9 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs resolve %s PATH...' then 'sbxfs commit %s', 'sbxfs commit --force %s', or 'sbxfs destroy %s'",
 				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID, sb.ID, sb.ID)
 		}
+		if len(res.StillMounted) > 0 {
+			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still uses %s: the sandbox %s stays mounted there, empty; 'sbxfs destroy %s' when it is done\n", sb.Mountpoint, sb.ID, sb.ID)
+		}
 		return nil
 	}
 	_, err := d.Destroy(manager.Target{ID: sb.ID})

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -326,6 +327,36 @@ func TestManagedCommitOfABusyMount(t *testing.T) {
 	for _, n := range w.Created() {
 		assertFile(t, filepath.Join(o, "n"+n), n+"\n")
 	}
+}
+
+// TestManagedRunLeavesAProcessBehind: a process CMD started and left in
+// the mount keeps it busy; run --commit-on-success commits, says that the
+// sandbox stays mounted, and how to end it.
+func TestManagedRunLeavesAProcessBehind(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	pidFile := filepath.Join(e.base, "pid")
+	r := e.sbxfs("run", "--commit-on-success", o, "--", "sh", "-c", "echo hi > f; sleep 60 </dev/null >/dev/null 2>&1 & echo $! > "+pidFile)
+	t.Cleanup(func() { // before the daemon's cleanup, registered earlier
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "f"), "hi\n")
+	assert.Contains(t, r.stderr, "committed, but something CMD started still uses")
+	assert.Contains(t, r.stderr, "'sbxfs destroy ")
+	var active []string
+	for id, sb := range e.list() {
+		if sb.State == manager.Active {
+			active = append(active, id)
+			assert.True(t, isMounted(t, sb.Mountpoint), "it stays mounted")
+		}
+	}
+	assert.Len(t, active, 1)
 }
 
 func TestManagedRun(t *testing.T) {
