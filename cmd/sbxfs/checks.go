@@ -154,6 +154,36 @@ func isLower(role string) bool {
 	return role == "original" || strings.HasPrefix(role, "lower layer")
 }
 
+// isStale reports whether p is a FUSE mount whose server is gone. statfs
+// always asks the server (a stat of the root may be answered from the
+// kernel's cache); ECONNABORTED is a connection being torn down.
+func isStale(p string) bool {
+	var st unix.Statfs_t
+	err := unix.Statfs(p, &st)
+	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
+}
+
+// detachStale detaches the mounts of the sandbox whose work directory is
+// work that no server serves any more (it was killed), saying so on w:
+// mounting the sandbox again replaces them, as the daemon does. It
+// returns the mount table as it is afterwards.
+func detachStale(mounts []mountEntry, work string, w io.Writer) ([]mountEntry, error) {
+	detached := false
+	for _, e := range mounts {
+		if e.isSbxfs() && e.Source == work && isStale(e.Mountpoint) {
+			if err := lazyDetach(e.Mountpoint); err != nil {
+				return nil, failf(exitBusy, "%s is a mount of this sandbox whose server is gone, and detaching it failed: %v; run 'sbxfs unmount %s'", e.Mountpoint, err, e.Mountpoint)
+			}
+			fmt.Fprintf(w, "sbxfs: detached %s, a mount of this sandbox whose server was gone\n", e.Mountpoint)
+			detached = true
+		}
+	}
+	if !detached {
+		return mounts, nil
+	}
+	return readMountinfo()
+}
+
 // checkMountpointFree refuses a mountpoint that already is one.
 func checkMountpointFree(mounts []mountEntry, mnt string) error {
 	e := mountAt(mounts, mnt)

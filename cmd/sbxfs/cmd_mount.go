@@ -70,6 +70,14 @@ func runMount(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.String("upper") != "" {
+		if dir, err := resolvePath(c.String("upper")); err == nil {
+			_, work := sandboxDirs(dir)
+			if mounts, err = detachStale(mounts, work, c.App.ErrWriter); err != nil {
+				return err
+			}
+		}
+	}
 	orig, err := resolveDir("original", args[0], "give an existing directory")
 	if err != nil {
 		return err

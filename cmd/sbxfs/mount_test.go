@@ -213,24 +213,40 @@ func TestUnmountBusyLazyAndStale(t *testing.T) {
 		return os.IsNotExist(err)
 	}, 10*time.Second, 20*time.Millisecond, "the server exits once the last file is closed")
 
-	// A mount whose server was killed is stale; unmount still removes it.
+	// A mount whose server was killed is stale. Another sandbox cannot
+	// mount over it; this one mounts again in its place (as the daemon
+	// does), and a commit or an unmount ends it.
 	require.Equal(t, 0, runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt).code)
-	pidb, err := os.ReadFile(filepath.Join(f.dir, "work", pidFileName))
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("kept\n"), 0o644))
+	killServer(t, f.dir, f.mnt)
+	r = runBin(t, bin, "mount", "--upper", filepath.Join(filepath.Dir(f.dir), "other"), f.orig, f.mnt)
+	assertFailure(t, r, exitBusy, "is already an sbxfs mount")
+	st := statusOf(t, f.mnt)
+	assert.True(t, st.Mounted)
+	r = runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "detached "+f.mnt+", a mount of this sandbox whose server was gone")
+	assertFile(t, filepath.Join(f.mnt, "a.txt"), "kept\n")
+
+	killServer(t, f.dir, f.mnt)
+	r = runBin(t, bin, "commit", "--keep", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(f.orig, "a.txt"), "kept\n")
+	r = runBin(t, bin, "unmount", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.False(t, isMounted(t, f.mnt))
+}
+
+// killServer kills the process serving the sandbox dir with SIGKILL and
+// waits until its mount at mnt is stale.
+func killServer(t *testing.T, dir, mnt string) {
+	t.Helper()
+	pidb, err := os.ReadFile(filepath.Join(dir, "work", pidFileName))
 	require.NoError(t, err)
 	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-	require.Eventually(t, func() bool {
-		_, err := os.ReadDir(f.mnt) // stat may be answered from the kernel's cache
-		return err != nil
-	}, 10*time.Second, 10*time.Millisecond, "a stale mount fails (ENOTCONN)")
-	r = runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
-	assert.Equal(t, exitBusy, r.code, "no mount over a stale one")
-	st := statusOf(t, f.mnt)
-	assert.True(t, st.Mounted)
-	r = runBin(t, bin, "unmount", f.mnt)
-	require.Equal(t, 0, r.code, r.stderr)
-	assert.False(t, isMounted(t, f.mnt))
+	require.Eventually(t, func() bool { return isStale(mnt) }, 10*time.Second, 10*time.Millisecond, "a killed server leaves a stale mount")
 }
 
 // helperFixture is a mount helper layout with two lower layers.

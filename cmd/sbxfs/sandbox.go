@@ -71,7 +71,7 @@ func (sb *sandbox) control() (*manager.Control, error) {
 	}
 	ctl, err := manager.DialControl(sb.work)
 	if errors.Is(err, manager.ErrNoServer) {
-		if _, serr := os.Stat(sb.mount.Mountpoint); serr == nil {
+		if !isStale(sb.mount.Mountpoint) {
 			return nil, failf(exitBusy, "%s is mounted but its server does not answer on %s; retry, or unmount it first", sb.mount.Mountpoint, filepath.Join(sb.work, manager.ControlSocket))
 		}
 		return nil, nil
