@@ -607,6 +607,22 @@ func writeFile(t *testing.T, p, data string) {
 	require.NoError(t, os.WriteFile(p, []byte(data), 0o644))
 }
 
+// TestCommitIntoABindMount: an original that is a bind mount has the
+// upper's st_dev but is another mount, where rename(2) from the work
+// directory fails with EXDEV: the commit stages in the original, as for
+// another filesystem (until 2026-11-26 it failed: "invalid cross-device
+// link", exit 8).
+func TestCommitIntoABindMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a bind mount needs root")
+	}
+	s := newSandbox(t, base)
+	require.NoError(t, unix.Mount(s.orig, s.orig, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { _ = unix.Unmount(s.orig, unix.MNT_DETACH) })
+	work(s)
+	s.commitMatchesRef()
+}
+
 func TestUndoRestoresAndRetryWorks(t *testing.T) {
 	s := newSandbox(t, base)
 	work(s)

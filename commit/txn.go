@@ -230,17 +230,14 @@ func (x *Txn) closeTrees() {
 }
 
 // txnDir picks the transaction directory: in the work directory when it
-// shares the original's filesystem (then upper objects move by link and
-// rename), else hidden in the original root.
+// is on the original's mount (then upper objects move by link and
+// rename), else hidden in the original root. The same filesystem is not
+// enough: through a bind mount, rename(2) fails with EXDEV.
 func (x *Txn) txnDir() (string, bool, error) {
-	var ws, os_ unix.Stat_t
-	if err := unix.Stat(x.work, &ws); err != nil {
+	sameFS, err := fsutil.SameMount(x.work, x.cfg.Lowers[0])
+	if err != nil {
 		return "", false, err
 	}
-	if err := unix.Stat(x.cfg.Lowers[0], &os_); err != nil {
-		return "", false, err
-	}
-	sameFS := ws.Dev == os_.Dev
 	return txnDirFor(x.cfg, x.log.ID, sameFS), sameFS, nil
 }
 

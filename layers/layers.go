@@ -103,7 +103,7 @@ type Layers struct {
 // Errors a caller may want to tell apart.
 var (
 	ErrBadConfig    = errors.New("invalid overlay configuration")
-	ErrCrossDevice  = errors.New("upper and work directories are on different filesystems")
+	ErrCrossDevice  = errors.New("upper and work directories are on different mounts")
 	ErrReservedName = errors.New("name is reserved for sbxfs")
 )
 
@@ -212,10 +212,10 @@ func (cfg *Config) validate() error {
 			return fmt.Errorf("%w: %q is not a directory", ErrBadConfig, d)
 		}
 	}
-	var us, ws unix.Stat_t
-	_ = unix.Stat(cfg.Upper, &us)
-	_ = unix.Stat(cfg.Work, &ws)
-	if us.Dev != ws.Dev {
+	// Copy-ups are renamed from the work directory into the upper: one
+	// filesystem is not enough, a bind mount refuses it (EXDEV), as
+	// kernel overlayfs requires.
+	if same, err := fsutil.SameMount(cfg.Upper, cfg.Work); err != nil || !same {
 		return fmt.Errorf("%w: %q and %q", ErrCrossDevice, cfg.Upper, cfg.Work)
 	}
 	return nil

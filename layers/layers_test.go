@@ -580,3 +580,26 @@ func TestChangeSetReadAgainWhileTheOriginalChanges(t *testing.T) {
 	assert.ErrorIs(t, err, ErrOriginalChanging)
 	assert.Equal(t, 3, reads, "one read and two retries")
 }
+
+// The upper and work directories must be on one mount, as kernel
+// overlayfs requires: copy-ups are renamed from one into the other, which
+// a bind mount of the same filesystem refuses (EXDEV).
+func TestUpperAndWorkOnOneMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a bind mount needs root")
+	}
+	dir := t.TempDir()
+	cfg := Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{filepath.Join(dir, "lower")}}
+	for _, d := range []string{cfg.Upper, cfg.Work, cfg.Lowers[0]} {
+		require.NoError(t, os.Mkdir(d, 0o700))
+	}
+	require.NoError(t, unix.Mount(cfg.Upper, cfg.Upper, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { _ = unix.Unmount(cfg.Upper, unix.MNT_DETACH) })
+	_, err := Open(cfg)
+	require.ErrorIs(t, err, ErrCrossDevice)
+
+	require.NoError(t, unix.Unmount(cfg.Upper, 0))
+	l, err := Open(cfg)
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+}

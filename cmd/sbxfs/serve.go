@@ -48,7 +48,7 @@ func mountFailure(err error, cfg *fuse.Config) error {
 	msg := strings.TrimSpace(err.Error()) // go-fuse ends some messages with a newline
 	switch {
 	case errors.Is(err, layers.ErrCrossDevice):
-		return failf(exitBadPath, "%s; put the work directory on the same file system as the upper directory", msg)
+		return failf(exitBadPath, "%s; put the work directory on the same mount as the upper directory", msg)
 	case errors.Is(err, layers.ErrBadConfig):
 		return failf(exitBadPath, "%s; check the directories", msg)
 	case errors.Is(err, fuse.ErrMount) && cfg.AllowOther && os.Geteuid() != 0:

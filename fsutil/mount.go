@@ -1,0 +1,28 @@
+package fsutil
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// SameMount reports whether the paths a and b lie on one mount, so that
+// rename(2) and link(2) between them can work: the same filesystem is not
+// enough, a bind mount of it is another mount (EXDEV). Where statx(2)
+// does not give mount ids (before Linux 5.8), the filesystem decides.
+func SameMount(a, b string) (bool, error) {
+	var sa, sb unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, a, 0, unix.STATX_MNT_ID, &sa); err != nil {
+		return false, fmt.Errorf("statx %s: %w", a, err)
+	}
+	if err := unix.Statx(unix.AT_FDCWD, b, 0, unix.STATX_MNT_ID, &sb); err != nil {
+		return false, fmt.Errorf("statx %s: %w", b, err)
+	}
+	if sa.Dev_major != sb.Dev_major || sa.Dev_minor != sb.Dev_minor {
+		return false, nil
+	}
+	if sa.Mask&sb.Mask&unix.STATX_MNT_ID == 0 {
+		return true, nil
+	}
+	return sa.Mnt_id == sb.Mnt_id, nil
+}
