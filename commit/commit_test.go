@@ -623,6 +623,63 @@ func TestCommitIntoABindMount(t *testing.T) {
 	s.commitMatchesRef()
 }
 
+// TestCommitIntoAMountInsideTheOriginal: a change on a filesystem
+// mounted inside the original cannot be moved there by rename(2); the
+// commit refuses it before touching anything (ErrOtherMount), and changes
+// of metadata alone there still commit (until 2026-11-26 it failed in the
+// apply, EXDEV, and was undone).
+func TestCommitIntoAMountInsideTheOriginal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	for _, change := range []string{"write", "create", "remove", "mkdir", "remove the mount point"} {
+		t.Run(change, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"top": "t", "sub/": ""})
+			sub := filepath.Join(s.orig, "sub")
+			require.NoError(t, unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"))
+			t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+			require.NoError(t, os.WriteFile(filepath.Join(sub, "f"), []byte("old"), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(s.ref, "sub", "f"), []byte("old"), 0o644))
+			s.write("top", "changed too")
+			switch change {
+			case "write":
+				s.write("sub/f", "new")
+			case "create":
+				s.write("sub/g", "new")
+			case "remove":
+				s.remove("sub/f")
+			case "mkdir":
+				s.mkdir("sub/d")
+			case "remove the mount point":
+				s.remove("sub/f")
+				s.remove("sub")
+			}
+			s.done()
+			before := snapshot(t, s.orig)
+			err := commitAll(t, s.cfg, Options{})
+			require.ErrorIs(t, err, ErrOtherMount)
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, StagePrepare, ce.Stage)
+			assert.Equal(t, before, snapshot(t, s.orig), "nothing applied")
+		})
+	}
+	t.Run("metadata only", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"sub/": ""})
+		sub := filepath.Join(s.orig, "sub")
+		require.NoError(t, unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"))
+		t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+		require.NoError(t, os.WriteFile(filepath.Join(sub, "f"), []byte("old"), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(s.ref, "sub", "f"), []byte("old"), 0o644))
+		s.chmod("sub/f", 0o600)
+		s.done()
+		require.NoError(t, commitAll(t, s.cfg, Options{}))
+		fi, err := os.Stat(filepath.Join(sub, "f"))
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	})
+}
+
 func TestUndoRestoresAndRetryWorks(t *testing.T) {
 	s := newSandbox(t, base)
 	work(s)

@@ -75,7 +75,11 @@ func (e *Error) Unwrap() error { return e.Err }
 // Errors to match with errors.Is.
 var (
 	ErrConflict = errors.New("the original changed underneath the sandbox")
-	ErrBusy     = errors.New("sandbox busy")
+	// ErrOtherMount says a change lies on a filesystem mounted inside the
+	// original: a commit moves objects by rename(2), which does not cross
+	// mounts. Nothing was applied.
+	ErrOtherMount = errors.New("a change lies on another filesystem mounted inside the original")
+	ErrBusy       = errors.New("sandbox busy")
 )
 
 // Conflict is one path the original changed after the sandbox first

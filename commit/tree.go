@@ -154,6 +154,50 @@ func (t *tree) syncfs() error {
 	return unix.Syncfs(fd)
 }
 
+// mountOf returns the mount id (fsutil.MountID) of the directory rel, or
+// of its deepest ancestor that is a directory: the mount a new object at
+// rel would be made on, and the one the directory rel itself is. A
+// symlink on the way counts as no directory (the steps that meet it
+// refuse it).
+func (t *tree) mountOf(rel string) (uint64, error) {
+	for {
+		id, err := t.dirMount(rel)
+		if rel == "" || !noDir(err) {
+			return id, err
+		}
+		rel = parentRel(rel)
+	}
+}
+
+// dirMount returns the mount id of the directory rel; noDir(err) when rel
+// is not one.
+func (t *tree) dirMount(rel string) (uint64, error) {
+	var fd int
+	var err error
+	if rel == "" {
+		fd, err = unix.Dup(t.fd)
+	} else {
+		fd, err = fsutil.OpenBeneath(t.fd, rel, unix.O_PATH|unix.O_DIRECTORY, 0)
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return fsutil.MountID(fd)
+}
+
+// noDir reports whether err says a path names no directory: missing, not
+// one, or a symlink on the way.
+func noDir(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}
+
+// parentRel is the parent of a relative path ("" for a top-level name).
+func parentRel(rel string) string {
+	dir, _ := path.Split(rel)
+	return strings.TrimSuffix(dir, "/")
+}
+
 // openDir opens the directory rel for reading (never following a
 // symlink).
 func (t *tree) openDir(rel string) (int, error) {

@@ -156,6 +156,10 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 		x.own = opt.Applied.own
 	}
 	x.fault("checked")
+	if err := onOneMount(x.orig, steps); err != nil {
+		x.closeTrees()
+		return nil, err
+	}
 	if x.held, err = heldObjects(x.orig, steps, newRenames(cs)); err != nil {
 		x.closeTrees()
 		if ce := (*Error)(nil); errors.As(err, &ce) {
@@ -296,6 +300,45 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 		}
 	}
 	return x.txn.syncfs()
+}
+
+// onOneMount refuses steps that would move an object into or out of a
+// filesystem mounted inside the original: the transaction directory is on
+// the original's own mount and rename(2) does not cross mounts, so the
+// apply would fail with EXDEV (and be undone). Metadata steps work on any
+// mount.
+func onOneMount(orig *tree, steps []step) error {
+	root, err := orig.mountOf("")
+	if err != nil || root == 0 {
+		return err // 0: no mount ids here; the apply would say EXDEV
+	}
+	seen := map[string]uint64{}
+	for _, s := range steps {
+		if s.Kind == opMeta {
+			continue
+		}
+		var id uint64
+		if s.Kind == opDetach {
+			// A directory that is a mount point cannot move either.
+			if id, err = orig.dirMount(s.Path); err != nil && !noDir(err) {
+				return &Error{Stage: StagePrepare, Paths: []string{s.Path}, Err: err}
+			}
+		}
+		if id == 0 {
+			dir := parentRel(s.Path)
+			var ok bool
+			if id, ok = seen[dir]; !ok {
+				if id, err = orig.mountOf(dir); err != nil {
+					return &Error{Stage: StagePrepare, Paths: []string{s.Path}, Err: err}
+				}
+				seen[dir] = id
+			}
+		}
+		if id != root {
+			return &Error{Stage: StagePrepare, Paths: []string{s.Path}, Err: fmt.Errorf("%w: %s", ErrOtherMount, s.Path)}
+		}
+	}
+	return nil
 }
 
 // fill completes a planned step from the upper and the original: the

@@ -6,6 +6,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MountID returns the id of the mount the open file fd is on, or 0
+// where statx(2) does not give mount ids (before Linux 5.8).
+func MountID(fd int) (uint64, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &st); err != nil {
+		return 0, fmt.Errorf("statx: %w", err)
+	}
+	if st.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, nil
+	}
+	return st.Mnt_id, nil
+}
+
 // SameMount reports whether the paths a and b lie on one mount, so that
 // rename(2) and link(2) between them can work: the same filesystem is not
 // enough, a bind mount of it is another mount (EXDEV). Where statx(2)

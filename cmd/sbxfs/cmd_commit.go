@@ -162,6 +162,8 @@ func commitFailure(err error) error {
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrBusy):
 		return &exitError{code: exitBusy, err: err}
+	case errors.Is(err, commit.ErrOtherMount):
+		return &exitError{code: exitBadPath, err: fmt.Errorf("%w\nnothing was applied; a commit moves objects by rename(2), which does not cross mounts: make changes there in a sandbox of that mounted directory ('sbxfs rollback' discards this sandbox's changes)", err)}
 	case errors.As(err, &ce) && ce.Kept != "":
 		return &exitError{code: exitCommitFailed, err: fmt.Errorf("%w\nsome changes could not be undone: the backups are in %s", err, ce.Kept)}
 	case errors.As(err, &ce):

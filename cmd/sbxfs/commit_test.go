@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/internal/shellwriter"
 )
@@ -196,4 +197,28 @@ func TestOriginalMovedAway(t *testing.T) {
 	r := runBin(t, bin, "commit", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
 	assertFile(t, filepath.Join(f.orig, "sub", "new"), "n\n")
+}
+
+// TestCommitAcrossAMountInTheOriginal: a change on a filesystem mounted
+// inside the original is refused before anything is applied, exit 3, with
+// what to do (until 2026-11-26: EXDEV in the apply, undone, exit 8).
+func TestCommitAcrossAMountInTheOriginal(t *testing.T) {
+	requireFuse(t)
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	t.Parallel()
+	bin := sbxfsBin(t)
+	f := newFixture(t)
+	sub := filepath.Join(f.orig, "sub")
+	require.NoError(t, unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	r := runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "sub", "g"), []byte("g\n"), 0o644))
+	r = runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitBadPath, "a change lies on another filesystem mounted inside the original: sub/g")
+	assert.Contains(t, r.stderr, "nothing was applied")
+	assert.NoFileExists(t, filepath.Join(sub, "g"))
+	assert.True(t, isMounted(t, f.mnt))
 }
