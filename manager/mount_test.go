@@ -218,10 +218,7 @@ func TestMountedSandboxCommitWhileBusy(t *testing.T) {
 	orig := makeTree(t, fixtureFiles)
 	d := startDaemon(t, root, orig)
 	require.NoError(t, os.WriteFile(filepath.Join(d.mnt, "f"), []byte("through the mount"), 0o644))
-	w, err := shellwriter.Start(d.mnt)
-	require.NoError(t, err)
-	t.Cleanup(w.Stop) // before the daemon's cleanup, registered earlier
-	require.True(t, w.WaitCreated(3, 10*time.Second), "the shell makes files")
+	w := shellwriter.Run(t, d.mnt)
 
 	d.send("commit wait=5s")
 	a := d.answer()

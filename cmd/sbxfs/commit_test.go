@@ -122,10 +122,7 @@ func TestCommitOfABusyMount(t *testing.T) {
 	t.Parallel()
 	bin, f := mountedFixture(t)
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("v2\n"), 0o644))
-	w, err := shellwriter.Start(f.mnt)
-	require.NoError(t, err)
-	t.Cleanup(w.Stop) // before the mount's cleanup, registered earlier
-	require.True(t, w.WaitCreated(3, 10*time.Second), "the shell makes files")
+	w := shellwriter.Run(t, f.mnt)
 
 	r := runBin(t, bin, "commit", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -159,10 +156,7 @@ func TestRollbackOfABusyMount(t *testing.T) {
 	t.Parallel()
 	bin, f := mountedFixture(t)
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "a.txt"), []byte("v2\n"), 0o644))
-	w, err := shellwriter.Start(f.mnt)
-	require.NoError(t, err)
-	t.Cleanup(w.Stop)
-	require.True(t, w.WaitCreated(0, 10*time.Second), "the shell makes files")
+	w := shellwriter.Run(t, f.mnt)
 
 	r := runBin(t, bin, "rollback", f.mnt)
 	assertFailure(t, r, exitBusy, "is in use")

@@ -296,10 +296,7 @@ func TestManagedCommitOfABusyMount(t *testing.T) {
 	o := e.original("o")
 	sb := e.create(o)
 	writeFile(t, filepath.Join(sb.Mountpoint, "a.txt"), "mine\n")
-	w, err := shellwriter.Start(sb.Mountpoint)
-	require.NoError(t, err)
-	t.Cleanup(w.Stop) // before the daemon's cleanup, registered earlier
-	require.True(t, w.WaitCreated(0, 10*time.Second), "the shell makes files")
+	w := shellwriter.Run(t, sb.Mountpoint)
 
 	r := e.sbxfs("commit", sb.Mountpoint)
 	require.Equal(t, 0, r.code, r.stderr)

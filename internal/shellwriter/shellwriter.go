@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -27,6 +28,22 @@ func Start(dir string) (*Writer, error) {
 		return nil, err
 	}
 	return w, nil
+}
+
+// Run starts a shell in dir for the test t, stops it when t ends (call
+// Run after what cleans up dir, such as its mount, so that it runs first)
+// and waits until it has made a file.
+func Run(t testing.TB, dir string) *Writer {
+	t.Helper()
+	w, err := Start(dir)
+	if err != nil {
+		t.Fatalf("start a shell in %s: %v", dir, err)
+	}
+	t.Cleanup(w.Stop)
+	if !w.WaitCreated(0, 10*time.Second) {
+		t.Fatalf("the shell in %s made no file", dir)
+	}
+	return w
 }
 
 type output Writer
