@@ -56,6 +56,7 @@ const (
 	CodeIllegalMove      = "illegal_move"     // the sandbox's state forbids it (ErrIllegalMove, ErrNotActive)
 	CodeInvalid          = "invalid"          // a bad request or argument (ErrInvalid)
 	CodeOriginalMissing  = "original_missing" // a sandbox's original was moved or removed (ErrOriginalMissing)
+	CodeOtherMount       = "other_mount"      // a change lies on a filesystem mounted inside the original (commit.ErrOtherMount)
 	CodeFailed           = "failed"           // anything else
 )
 
@@ -160,6 +161,8 @@ func ErrorCode(err error) string {
 		return CodeInvalid
 	case errors.Is(err, ErrOriginalMissing):
 		return CodeOriginalMissing
+	case errors.Is(err, commit.ErrOtherMount):
+		return CodeOtherMount
 	}
 	return CodeFailed
 }

@@ -46,6 +46,8 @@ func (e *DaemonError) Is(target error) bool {
 		return target == ErrInvalid
 	case CodeOriginalMissing:
 		return target == ErrOriginalMissing
+	case CodeOtherMount:
+		return target == commit.ErrOtherMount
 	}
 	return false
 }

@@ -3,6 +3,7 @@ package manager
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -242,4 +243,15 @@ func TestErrorCodeOfAConflictWhileRead(t *testing.T) {
 	assert.Equal(t, CodeChangedWhileRead, ErrorCode(plan(whileRead)))
 	assert.Equal(t, CodeConflict, ErrorCode(plan(whileRead, other)))
 	assert.ErrorIs(t, &DaemonError{Code: CodeChangedWhileRead, Msg: "m"}, commit.ErrConflict)
+}
+
+// The commit refusals that name a path of the original to fix have codes
+// of their own, which a client matches as the same errors.
+func TestErrorCodesOfBadPaths(t *testing.T) {
+	otherMount := (*PlanError)(&PlanResult{Plan: "p", Err: &commit.Error{Stage: commit.StagePrepare, Err: fmt.Errorf("%w: sub/f", commit.ErrOtherMount)}})
+	assert.Equal(t, CodeOtherMount, ErrorCode(otherMount))
+	assert.ErrorIs(t, &DaemonError{Code: CodeOtherMount, Msg: "m"}, commit.ErrOtherMount)
+	missing := fmt.Errorf("prepare sandbox x: %w: /o is not there", ErrOriginalMissing)
+	assert.Equal(t, CodeOriginalMissing, ErrorCode(missing))
+	assert.ErrorIs(t, &DaemonError{Code: CodeOriginalMissing, Msg: "m"}, ErrOriginalMissing)
 }

@@ -112,6 +112,8 @@ func daemonFailure(err error, root string, other int) error {
 		return failf(exitBadPath, "%w; check the arguments", err)
 	case manager.CodeOriginalMissing:
 		return failf(exitBadPath, "%w", err)
+	case manager.CodeOtherMount:
+		return failf(exitBadPath, "%w\nno original was changed; %s", err, otherMountHint)
 	}
 	return failf(other, "%w; see %s", err, daemonLog(root))
 }

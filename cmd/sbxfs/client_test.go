@@ -29,6 +29,7 @@ func TestDaemonFailureExitCodes(t *testing.T) {
 		{plan(manager.CodeIllegalMove), exitState},
 		{&manager.DaemonError{Code: manager.CodeInvalid, Msg: "m"}, exitBadPath},
 		{plan(manager.CodeOriginalMissing), exitBadPath},
+		{plan(manager.CodeOtherMount), exitBadPath},
 		{plan(manager.CodeFailed), exitCommitFailed},
 		{fmt.Errorf("x: %w", manager.ErrDaemonGone), exitInternal},
 	}

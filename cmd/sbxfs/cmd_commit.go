@@ -146,6 +146,9 @@ const conflictHint = "keep the sandbox's version of a path with 'sbxfs resolve M
 // the commit read it (commit.Error.WhileRead).
 const whileReadHint = "the original was changing while the commit read it: commit again once it is still"
 
+// otherMountHint is the hint for commit.ErrOtherMount.
+const otherMountHint = "a commit moves objects by rename(2), which does not cross mounts: make changes there in a sandbox of that mounted directory ('sbxfs rollback' discards this sandbox's changes)"
+
 // commitFailure gives a commit error its exit code and a hint.
 func commitFailure(err error) error {
 	var ce *commit.Error
@@ -163,7 +166,7 @@ func commitFailure(err error) error {
 	case errors.Is(err, commit.ErrBusy):
 		return &exitError{code: exitBusy, err: err}
 	case errors.Is(err, commit.ErrOtherMount):
-		return &exitError{code: exitBadPath, err: fmt.Errorf("%w\nnothing was applied; a commit moves objects by rename(2), which does not cross mounts: make changes there in a sandbox of that mounted directory ('sbxfs rollback' discards this sandbox's changes)", err)}
+		return &exitError{code: exitBadPath, err: fmt.Errorf("%w\nnothing was applied; %s", err, otherMountHint)}
 	case errors.As(err, &ce) && ce.Kept != "":
 		return &exitError{code: exitCommitFailed, err: fmt.Errorf("%w\nsome changes could not be undone: the backups are in %s", err, ce.Kept)}
 	case errors.As(err, &ce):
