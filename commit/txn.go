@@ -309,8 +309,11 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 // mount.
 func onOneMount(orig *tree, steps []step) error {
 	root, err := orig.mountOf("")
-	if err != nil || root == 0 {
-		return err // 0: no mount ids here; the apply would say EXDEV
+	if err != nil {
+		return &Error{Stage: StagePrepare, Err: err}
+	}
+	if root == 0 {
+		return nil // no mount ids here: the apply would say EXDEV
 	}
 	seen := map[string]uint64{}
 	for _, s := range steps {
