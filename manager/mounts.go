@@ -39,11 +39,23 @@ func (r remote) Thaw()                           { _ = r.c.Thaw() }
 func (r remote) Reset() error                    { return r.c.Reset() }
 func (r remote) Unmount() error                  { return r.c.Unmount() }
 
+// originalThere refuses (ErrOriginalMissing) a sandbox whose original is
+// not a directory where it was recorded any more (moved or removed).
+func originalThere(r *record) error {
+	if fi, err := os.Stat(r.Original); err != nil || !fi.IsDir() {
+		return fmt.Errorf("%w: %s is not there (moved or removed?): put it back there and retry; the sandbox keeps its changes", ErrOriginalMissing, r.Original)
+	}
+	return nil
+}
+
 // unmountWait bounds the wait for a server to finish after its unmount.
 const unmountWait = 10 * time.Second
 
 // mountSandbox mounts r in this process and serves its control socket.
 func (m *Manager) mountSandbox(r *record) error {
+	if err := originalThere(r); err != nil {
+		return err
+	}
 	cfg, err := m.layersConfig(r.ID)
 	if err != nil {
 		return err

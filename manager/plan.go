@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime/debug"
 	"time"
 
@@ -308,8 +307,8 @@ func (c *planCommit) commitNested(lv []*participant, level int) error {
 
 // prepare freezes p when someone serves it and prepares its transaction.
 func (c *planCommit) prepare(p *participant) error {
-	if fi, err := os.Stat(p.rec.Original); err != nil || !fi.IsDir() {
-		return fmt.Errorf("%w: %s is not there (moved or removed?): put it back there and retry; the sandbox keeps its changes", ErrOriginalMissing, p.rec.Original)
+	if err := originalThere(&p.rec); err != nil {
+		return err
 	}
 	ctl, closeCtl, err := c.m.controller(&p.rec)
 	if err != nil {

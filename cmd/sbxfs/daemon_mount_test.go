@@ -159,3 +159,31 @@ func TestManagedNestedMountAgain(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	n.assertAllNew(t, n.orig)
 }
+
+// TestManagedOriginalMovedAway: with its original moved away, a managed
+// sandbox neither mounts again nor commits (exit 3: put it back); nothing
+// is lost, and once the original is back both work.
+func TestManagedOriginalMovedAway(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	sb := e.create(o)
+	writeFile(t, filepath.Join(sb.Mountpoint, "kept"), "kept\n")
+	r := e.sbxfs("unmount", sb.Mountpoint)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NoError(t, os.Rename(o, o+".away"))
+
+	for _, cmd := range []string{"mount", "commit"} {
+		r = e.sbxfs(cmd, sb.ID)
+		assertFailure(t, r, exitBadPath, "the sandbox's original is missing: "+o+" is not there (moved or removed?): put it back there and retry")
+	}
+	assert.Equal(t, manager.Active, e.list()[sb.ID].State)
+
+	require.NoError(t, os.Rename(o+".away", o))
+	r = e.sbxfs("mount", sb.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(sb.Mountpoint, "kept"), "kept\n")
+	r = e.sbxfs("commit", sb.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "kept"), "kept\n")
+}
