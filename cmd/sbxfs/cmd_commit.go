@@ -26,9 +26,12 @@ it is a conflict: nothing is applied (--force applies anyway). What another
 writer changes in the original while the commit runs, where the commit
 replaces or removes something, undoes the commit: a conflict too, also with
 --force (exit 7; nothing is lost). While the commit runs the mount accepts no
-changes; files still open for writing make
-it fail (busy), or wait with --wait. Afterwards the sandbox is unmounted and
-removed; with --keep it stays mounted over the updated original, empty.`,
+changes; files still open for writing make it fail (busy), or wait with
+--wait. Afterwards the sandbox is unmounted and
+removed; with --keep it stays mounted over the updated original, empty, and
+so does a mount still in use (a shell's working directory in it), with a
+warning. A change on a filesystem mounted inside the original cannot be
+committed (exit 3; rename(2) does not cross mounts).`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`, kept in the commit record (and the git commit with --git)"},
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted over the updated original, with an empty sandbox"},

@@ -25,7 +25,8 @@ Reads come from ORIGINAL; every change lands in the sandbox directory DIR
 (DIR/upper, with DIR/work for the journal and the server log) and ORIGINAL
 is never written. Without --upper, DIR is a new directory under the state
 root and its path is printed ("upper: DIR"). Giving the same --upper again
-remounts the same changes.
+remounts the same changes; a mount of that sandbox whose server was killed
+(stale) is detached first.
 
 The command returns once the mount is live; the mount is served by a
 background process logging to DIR/work/server.log. Options go before

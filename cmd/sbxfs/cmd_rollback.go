@@ -15,7 +15,9 @@ func rollbackCommand() *cli.Command {
 		Usage:     "discard the sandbox's changes",
 		ArgsUsage: "MOUNTPOINT|DIR",
 		Description: `Discards every change of the sandbox; the original is untouched. The sandbox
-is unmounted and removed; with --keep it stays mounted, empty, for re-use.`,
+is unmounted and removed; with --keep it stays mounted, empty, for re-use. A
+mount still in use (a file open, a working directory in it) cannot be ended:
+the rollback then does nothing (exit 4); close what uses it, or use --keep.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted with an empty sandbox"},
 			&cli.DurationFlag{Name: "wait", Usage: "with --keep: wait up to `DURATION` for files open for writing to close"},
