@@ -86,14 +86,16 @@ func (sb *sandbox) end(ctl *manager.Control) error {
 		return nil
 	}
 	// A file closed just before may still hold the mount for a moment
-	// (the kernel releases FUSE files asynchronously): retry briefly.
+	// (the kernel releases FUSE files asynchronously): retry briefly. The
+	// server retries by itself for about 0.3 s (go-fuse), and keeps a
+	// frozen mount frozen meanwhile: what a process does there waits, so
+	// it is not asked again.
 	var err error
-	for delay := 20 * time.Millisecond; ; delay *= 2 {
-		if ctl != nil {
-			err = ctl.Unmount()
-		} else {
-			err = unmount(sb.mount.Mountpoint, false)
-		}
+	if ctl != nil {
+		err = ctl.Unmount()
+	}
+	for delay := 20 * time.Millisecond; ctl == nil; delay *= 2 {
+		err = unmount(sb.mount.Mountpoint, false)
 		if err == nil || delay > time.Second || !sb.stillMounted() {
 			break
 		}
