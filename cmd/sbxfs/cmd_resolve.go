@@ -80,6 +80,9 @@ func runResolve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := sb.needOriginal(); err != nil {
+		return err
+	}
 	var paths []string
 	for _, a := range args[1:] {
 		p, err := sandboxRelative(sb, a)

@@ -171,10 +171,10 @@ func TestRollbackOfABusyMount(t *testing.T) {
 	assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
 }
 
-// TestOriginalMovedAway: with the original moved away, status, diff and
-// commit refuse with exit 3 and say to put it back; nothing is lost, and
-// once it is back the commit goes through (until 2026-11-26: exit 1 and
-// 8, "invalid overlay configuration").
+// TestOriginalMovedAway: with the original moved away, status, diff,
+// commit and resolve refuse with exit 3 and say to put it back; nothing
+// is lost, and once it is back the commit goes through (until 2026-11-26:
+// exit 1 and 8, "invalid overlay configuration").
 func TestOriginalMovedAway(t *testing.T) {
 	requireFuse(t)
 	t.Parallel()
@@ -182,7 +182,7 @@ func TestOriginalMovedAway(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "sub", "new"), []byte("n\n"), 0o644))
 	away := f.orig + ".away"
 	require.NoError(t, os.Rename(f.orig, away))
-	for _, cmd := range []string{"status", "diff", "commit"} {
+	for _, cmd := range []string{"status", "diff", "commit", "resolve"} {
 		r := runBin(t, bin, cmd, f.mnt)
 		assertFailure(t, r, exitBadPath, "the original "+f.orig+" of this sandbox is missing (moved or removed?): put it back there and retry")
 	}
