@@ -307,7 +307,10 @@ func writePatch(out *patchOut, d *diffPair, opt DiffOptions) error {
 	case dc.binary && opt.Binary:
 		writeBinaryPatch(&b, old, new)
 	case dc.binary:
-		fmt.Fprintf(&b, "Binary files %s and %s differ\n", sideName(old, "a/", aName), sideName(new, "b/", bName))
+		// The index line tells git apply where this patch ends and that
+		// it cannot apply it ("without full index line"); without one it
+		// misreads the patches that follow.
+		fmt.Fprintf(&b, "index %s..%s\nBinary files %s and %s differ\n", abbrevBlobID(old), abbrevBlobID(new), sideName(old, "a/", aName), sideName(new, "b/", bName))
 	default:
 		fmt.Fprintf(&b, "--- %s\n+++ %s\n", fileLineName(old, "a/", aName), fileLineName(new, "b/", bName))
 	}

@@ -209,7 +209,8 @@ func TestDiffPatch(t *testing.T) {
 	out := richSandbox(t).diff(DiffOptions{})
 	for _, want := range []string{
 		"diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,4 @@\n one\n-two\n+2\n three\n+four\n\\ No newline at end of file\n",
-		"diff --git a/bin.dat b/bin.dat\nBinary files a/bin.dat and b/bin.dat differ\n",
+		// git's abbreviated object ids of both sides (git hash-object)
+		"diff --git a/bin.dat b/bin.dat\nindex 8352675..ef2caff\nBinary files a/bin.dat and b/bin.dat differ\n",
 		"diff --git a/del.txt b/del.txt\ndeleted file mode 100644\n--- a/del.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n",
 		"renamed directory d -> e\ndiff --git a/d/g.txt b/e/g.txt\nsimilarity index 100%\nrename from d/g.txt\nrename to e/g.txt\n",
 		"diff --git a/d/f.txt b/e/f.txt\nrename from d/f.txt\nrename to e/f.txt\n--- a/d/f.txt\n+++ b/e/f.txt\n@@ -1 +1 @@\n-in d\n+in e\n",
@@ -535,6 +536,49 @@ func TestDiffContextOption(t *testing.T) {
 		assert.Equal(t, len(tt.hunks), strings.Count(out, "@@ -"), "context %d:\n%s", tt.context, out)
 	}
 	assert.Contains(t, s.diff(DiffOptions{}), "@@ -1,6 +1,6 @@\n a\n b\n-c\n+C\n d\n e\n f\n", "default context is 3")
+}
+
+// TestDiffBinaryIndexLine: without --binary, a changed binary file gets
+// git's index line with git's own object ids of both sides (also for a
+// file read only in part, past the first 8,000 bytes), so git apply
+// refuses that file with its own message and, with --exclude, applies
+// the rest (without the line it misread the patches that follow).
+func TestDiffBinaryIndexLine(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	big := "\x00" + strings.Repeat("binary content ", 2000)
+	s := newDiffSandbox(t, map[string]string{"big.bin": big, "small.bin": "\x00s", "t.txt": "a\n"})
+	s.write("big.bin", big+"more")
+	s.write("small.bin", "\x00t")
+	s.write("t.txt", "b\n")
+	patch := s.diff(DiffOptions{})
+
+	hashOf := func(data string) string {
+		cmd := exec.Command("git", "hash-object", "--stdin")
+		cmd.Stdin = strings.NewReader(data)
+		out, err := cmd.Output()
+		require.NoError(t, err)
+		return strings.TrimSpace(string(out))[:7]
+	}
+	assert.Contains(t, patch, "diff --git a/big.bin b/big.bin\nindex "+hashOf(big)+".."+hashOf(big+"more")+"\nBinary files")
+	assert.Contains(t, patch, "diff --git a/small.bin b/small.bin\nindex "+hashOf("\x00s")+".."+hashOf("\x00t")+"\nBinary files")
+
+	work := t.TempDir()
+	writeTestFiles(t, work, map[string]string{"big.bin": big, "small.bin": "\x00s", "t.txt": "a\n"})
+	cmd := exec.Command("git", "apply", "-")
+	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "cannot apply binary patch to 'big.bin' without full index line")
+	cmd = exec.Command("git", "apply", "--exclude=*.bin", "-")
+	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	b, err := os.ReadFile(filepath.Join(work, "t.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "b\n", string(b))
 }
 
 // TestDiffGitApply checks the patch against git: applied with `git

@@ -2,6 +2,7 @@ package commit
 
 import (
 	"bytes"
+	"crypto/sha1"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -28,6 +29,10 @@ type diffSide struct {
 	data   []byte // content; only the first binarySniff bytes when binary
 	binary bool
 	sum    [sha256.Size]byte // of the whole content, for binary files
+	// blob is git's object id of the whole content of a binary file read
+	// only in part (blobID); hasBlob says it is set.
+	blob    [sha1.Size]byte
+	hasBlob bool
 	// whiteout marks an upper's whiteout (character device 0/0): the
 	// path is deleted there, not present.
 	whiteout bool
@@ -303,12 +308,19 @@ func (s *diffSide) readFile(dir int, name string, opts pairOpts) error {
 		return nil
 	}
 	if s.binary && !opts.fullBinary {
-		h := sha256.New()
-		h.Write(s.data)
-		if _, err := io.Copy(h, f); err != nil {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fmt.Errorf("stat: %w", err)
+		}
+		h, blob := sha256.New(), newBlobHash(st.Size)
+		w := io.MultiWriter(h, blob)
+		w.Write(s.data) // hashes do not fail
+		if _, err := io.Copy(w, f); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
 		h.Sum(s.sum[:0])
+		blob.Sum(s.blob[:0])
+		s.hasBlob = true
 		return nil
 	}
 	if n == binarySniff {

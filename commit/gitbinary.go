@@ -6,6 +6,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"strings"
 )
 
@@ -31,14 +32,28 @@ func sideData(s *diffSide) []byte {
 
 // blobID is git's object id of a side's content (all zeros for none).
 func blobID(s *diffSide) string {
-	if !s.exists {
+	switch {
+	case !s.exists:
 		return strings.Repeat("0", 2*sha1.Size)
+	case s.hasBlob:
+		return hex.EncodeToString(s.blob[:])
 	}
-	h := sha1.New()
-	fmt.Fprintf(h, "blob %d\x00", len(s.data))
+	h := newBlobHash(int64(len(s.data)))
 	h.Write(s.data)
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// newBlobHash starts git's object id of a blob of size bytes: write the
+// content, then Sum.
+func newBlobHash(size int64) hash.Hash {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", size)
+	return h
+}
+
+// abbrevBlobID is blobID shortened as git shows it in the index line of
+// a patch without --binary.
+func abbrevBlobID(s *diffSide) string { return blobID(s)[:7] }
 
 // writeLiteral writes one "literal" hunk: data whole, deflated.
 func writeLiteral(b *bytes.Buffer, data []byte) {

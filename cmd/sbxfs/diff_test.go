@@ -68,7 +68,7 @@ func TestDiffMountedSandbox(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(f.mnt, "bin.dat"), []byte("\x00\x01binary"), 0o644))
 	r = runBin(t, bin, "diff", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Contains(t, r.stdout, "new file mode 100644\nBinary files /dev/null and b/bin.dat differ\n")
+	assert.Contains(t, r.stdout, "new file mode 100644\nindex 0000000..366fd40\nBinary files /dev/null and b/bin.dat differ\n")
 	r = runBin(t, bin, "diff", "--binary", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "new file mode 100644\nindex 0000000000000000000000000000000000000000..")
