@@ -120,7 +120,7 @@ func runResolve(c *cli.Context) error {
 
 func printResolve(w io.Writer, out resolveJSON, mnt string) {
 	for _, r := range out.Resolved {
-		fmt.Fprintf(w, "resolved %s (%s): the commit replaces it with the sandbox's version\n", quotePath(r.Path), r.Reason)
+		fmt.Fprintf(w, "resolved %s (%s): the commit applies the sandbox's version of it\n", quotePath(r.Path), r.Reason)
 	}
 	if len(out.Conflicts) == 0 {
 		fmt.Fprintf(w, "no conflicts: 'sbxfs commit %s' applies the changes\n", mnt)

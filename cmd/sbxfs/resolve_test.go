@@ -45,7 +45,7 @@ func TestResolveConflicts(t *testing.T) {
 	writeFile(t, filepath.Join(f.mnt, "a.txt"), "theirs\nhello\nmine\n")
 	r = runBin(t, bin, "resolve", f.mnt, filepath.Join(f.mnt, "a.txt"))
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Contains(t, r.stdout, "resolved a.txt (content changed in the original)")
+	assert.Contains(t, r.stdout, "resolved a.txt (content changed in the original): the commit applies the sandbox's version of it\n")
 	assert.Contains(t, r.stdout, "no conflicts")
 	assertFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\n")
 
