@@ -1,10 +1,22 @@
 package fsutil
 
 import (
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
 )
+
+// IsStaleMount reports whether p is a FUSE mount whose server is gone.
+// statfs, not stat: the kernel answers stat from its attribute cache
+// without asking the (dead) server, statfs always asks. ECONNABORTED: a
+// server that took requests through io_uring is torn down after it
+// exits, and a request made meanwhile ends with the abort.
+func IsStaleMount(p string) bool {
+	var st unix.Statfs_t
+	err := unix.Statfs(p, &st)
+	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
+}
 
 // MountID returns the id of the mount the open file fd is on, or 0
 // where statx(2) does not give mount ids (before Linux 5.8).

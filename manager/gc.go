@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // GC purges what was abandoned, goes on past failures and reports each
@@ -145,7 +147,7 @@ func (m *Manager) gcMounts(res *BatchResult) {
 	sbx := filepath.Join(m.root, "sandboxes")
 	for _, e := range mounts {
 		id := filepath.Base(filepath.Dir(e.Source))
-		if !within(e.Source, sbx) || m.mountOf(id) != nil || !isStale(e.Mountpoint) {
+		if !within(e.Source, sbx) || m.mountOf(id) != nil || !fsutil.IsStaleMount(e.Mountpoint) {
 			continue
 		}
 		if err := lazyDetach(e.Mountpoint); err != nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // RollbackPlan discards the changes of every active sandbox of plan; the
@@ -400,7 +402,7 @@ func (m *Manager) clearMounts(r *record) error {
 			}
 			continue
 		}
-		if !isStale(e.Mountpoint) {
+		if !fsutil.IsStaleMount(e.Mountpoint) {
 			return fmt.Errorf("%w: sandbox %s is mounted at %s by another process; unmount it there first", ErrMounted, r.ID, e.Mountpoint)
 		}
 		if err := lazyDetach(e.Mountpoint); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/internal/shellwriter"
 )
 
@@ -138,7 +139,7 @@ func (d *daemon) stop() {
 		_ = d.cmd.Process.Kill()
 		<-done
 	}
-	if isStale(d.mnt) || mounted(d.mnt) {
+	if fsutil.IsStaleMount(d.mnt) || mounted(d.mnt) {
 		_ = lazyDetach(d.mnt)
 	}
 }
@@ -264,7 +265,7 @@ func TestMountedSandboxSurvivesRestart(t *testing.T) {
 	// ECONNABORTED. The first answer is logged for when it is not stale.
 	var st unix.Statfs_t
 	t.Logf("statfs of the killed server's mount: %v", unix.Statfs(d1.mnt, &st))
-	assert.Eventually(t, func() bool { return isStale(d1.mnt) }, 5*time.Second, 10*time.Millisecond,
+	assert.Eventually(t, func() bool { return fsutil.IsStaleMount(d1.mnt) }, 5*time.Second, 10*time.Millisecond,
 		"a killed server leaves stale mounts")
 	m := open(t, root) // not mounting: GC detaches the stale mounts
 	res, err := m.GC(ctx)

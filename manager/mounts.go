@@ -229,14 +229,3 @@ func unescape(s string) string {
 	}
 	return b.String()
 }
-
-// isStale reports whether p is a mount whose server is gone. statfs, not
-// stat: the kernel answers stat from its attribute cache without asking
-// the (dead) server, statfs always asks. ECONNABORTED: a server that took
-// requests through io_uring is torn down after it exits, and a request
-// made meanwhile ends with the abort.
-func isStale(p string) bool {
-	var st unix.Statfs_t
-	err := unix.Statfs(p, &st)
-	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
-}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // nestedPair is a testdaemon serving sandbox A of an original and
@@ -25,7 +27,7 @@ func startNested(t *testing.T) *nestedPair {
 	var extra []string // B's mountpoint, detached after the daemon stopped
 	t.Cleanup(func() {
 		for _, mnt := range extra {
-			if isStale(mnt) || mounted(mnt) {
+			if fsutil.IsStaleMount(mnt) || mounted(mnt) {
 				t.Errorf("%s is still mounted after the daemon stopped", mnt)
 				_ = lazyDetach(mnt)
 			}

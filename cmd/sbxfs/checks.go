@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // resolveDir returns the absolute path of the existing directory p with
@@ -154,15 +156,6 @@ func isLower(role string) bool {
 	return role == "original" || strings.HasPrefix(role, "lower layer")
 }
 
-// isStale reports whether p is a FUSE mount whose server is gone. statfs
-// always asks the server (a stat of the root may be answered from the
-// kernel's cache); ECONNABORTED is a connection being torn down.
-func isStale(p string) bool {
-	var st unix.Statfs_t
-	err := unix.Statfs(p, &st)
-	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
-}
-
 // detachStale detaches the mounts of the sandbox whose work directory is
 // work that no server serves any more (it was killed), saying so on w:
 // mounting the sandbox again replaces them, as the daemon does. It
@@ -170,7 +163,7 @@ func isStale(p string) bool {
 func detachStale(mounts []mountEntry, work string, w io.Writer) ([]mountEntry, error) {
 	detached := false
 	for _, e := range mounts {
-		if e.isSbxfs() && e.Source == work && isStale(e.Mountpoint) {
+		if e.isSbxfs() && e.Source == work && fsutil.IsStaleMount(e.Mountpoint) {
 			if err := lazyDetach(e.Mountpoint); err != nil {
 				return nil, failf(exitBusy, "%s is a mount of this sandbox whose server is gone, and detaching it failed: %v; run 'sbxfs unmount %s'", e.Mountpoint, err, e.Mountpoint)
 			}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // requireFuse skips real-mount tests where this process cannot mount.
@@ -246,7 +248,7 @@ func killServer(t *testing.T, dir, mnt string) {
 	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-	require.Eventually(t, func() bool { return isStale(mnt) }, 10*time.Second, 10*time.Millisecond, "a killed server leaves a stale mount")
+	require.Eventually(t, func() bool { return fsutil.IsStaleMount(mnt) }, 10*time.Second, 10*time.Millisecond, "a killed server leaves a stale mount")
 }
 
 // helperFixture is a mount helper layout with two lower layers.

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 	"github.com/sbxfs/sbxfs/manager"
 )
@@ -71,7 +72,7 @@ func (sb *sandbox) control() (*manager.Control, error) {
 	}
 	ctl, err := manager.DialControl(sb.work)
 	if errors.Is(err, manager.ErrNoServer) {
-		if !isStale(sb.mount.Mountpoint) {
+		if !fsutil.IsStaleMount(sb.mount.Mountpoint) {
 			return nil, failf(exitBusy, "%s is mounted but its server does not answer on %s; retry, or unmount it first", sb.mount.Mountpoint, filepath.Join(sb.work, manager.ControlSocket))
 		}
 		return nil, nil
