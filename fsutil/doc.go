@@ -14,7 +14,9 @@
 //     of the directory), [SyncDir] and [TempName].
 //   - Overlay layout: [IsWhiteout] recognises a kernel overlayfs whiteout.
 //   - Mounts: [SameMount] tells whether rename(2) between two paths can
-//     work (one mount, not just one filesystem).
+//     work (one mount, not just one filesystem); [MountID] names the mount
+//     of a descriptor; [IsStaleMount] tells a FUSE mount whose server is
+//     gone.
 //
 // Every error is wrapped with context and keeps its errno, so callers can
 // test it with errors.Is(err, unix.ENOSPC) or errors.As into a syscall.Errno.
