@@ -37,7 +37,8 @@ import (
 //	{"op":"stop"}                                                   -> pid; then the daemon stops
 //
 // Every response has ok and pid (the daemon's); a failure has error (the
-// message) and code (what kind: see the Code constants), and keeps the
+// message), code (what kind: see the Code constants) and errno (the
+// system error beneath it, as "EROFS", when there is one), and keeps the
 // partial result of the operation (which sandboxes were committed, which
 // are unchanged, which undo failed).
 
@@ -79,6 +80,7 @@ type daemonResponse struct {
 	Pid            int           `json:"pid"`
 	Error          string        `json:"error,omitempty"`
 	Code           string        `json:"code,omitempty"`
+	Errno          string        `json:"errno,omitempty"`
 	Sandbox        *SandboxInfo  `json:"sandbox,omitempty"`
 	Sandboxes      []SandboxInfo `json:"sandboxes,omitempty"`
 	Plan           string        `json:"plan,omitempty"`
@@ -113,6 +115,7 @@ type FailureInfo struct {
 	ID    string `json:"id"`
 	Error string `json:"error"`
 	Code  string `json:"code,omitempty"`
+	Errno string `json:"errno,omitempty"`
 }
 
 // Info is sb as JSON.
@@ -131,7 +134,7 @@ func (i SandboxInfo) Sandbox() Sandbox {
 func FailureInfos(fs []Failure) []FailureInfo {
 	out := make([]FailureInfo, 0, len(fs))
 	for _, f := range fs {
-		out = append(out, FailureInfo{ID: f.ID, Error: fmt.Sprint(f.Err), Code: ErrorCode(f.Err)})
+		out = append(out, FailureInfo{ID: f.ID, Error: fmt.Sprint(f.Err), Code: ErrorCode(f.Err), Errno: ErrnoName(f.Err)})
 	}
 	return out
 }
@@ -165,6 +168,21 @@ func ErrorCode(err error) string {
 		return CodeOtherMount
 	}
 	return CodeFailed
+}
+
+// ErrnoName names the system error beneath err ("EROFS"), "" when there
+// is none. The daemon sends it with a failure, so that a client matches
+// the failure with errors.Is(err, unix.EROFS) as it would its own.
+func ErrnoName(err error) string {
+	var en unix.Errno
+	var de *DaemonError
+	switch {
+	case errors.As(err, &de):
+		return de.Errno
+	case errors.As(err, &en):
+		return unix.ErrnoName(en)
+	}
+	return ""
 }
 
 // DaemonServer answers the daemon socket of one manager.
@@ -345,7 +363,7 @@ func (s *DaemonServer) handle(req daemonRequest) (resp daemonResponse) {
 	}
 	resp.OK = err == nil
 	if err != nil {
-		resp.Error, resp.Code = cause(err).Error(), ErrorCode(err)
+		resp.Error, resp.Code, resp.Errno = cause(err).Error(), ErrorCode(err), ErrnoName(err)
 	}
 	return resp
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxfs/sbxfs/commit"
 )
 
@@ -23,16 +25,21 @@ var ErrDaemonGone = errors.New("the sbxfs daemon went away")
 // DaemonError is a failure the daemon reported: its message and what kind
 // it is (Code). errors.Is matches it with the error the code stands for
 // (ErrNotFound, commit.ErrConflict, commit.ErrBusy, ErrIllegalMove,
-// ErrInvalid).
+// ErrInvalid, ...) and with the system error beneath it (Errno, as
+// "EROFS"; unix.EROFS matches).
 type DaemonError struct {
-	Code string
-	Msg  string
+	Code  string
+	Msg   string
+	Errno string
 }
 
 func (e *DaemonError) Error() string { return e.Msg }
 
 // Is matches the error e's code stands for.
 func (e *DaemonError) Is(target error) bool {
+	if en, ok := target.(unix.Errno); ok {
+		return e.Errno != "" && unix.ErrnoName(en) == e.Errno
+	}
 	switch e.Code {
 	case CodeNotFound:
 		return target == ErrNotFound
@@ -160,7 +167,7 @@ func (d *Daemon) call(req daemonRequest) (daemonResponse, error) {
 		if code == "" {
 			code = CodeFailed
 		}
-		return resp, &DaemonError{Code: code, Msg: resp.Error}
+		return resp, &DaemonError{Code: code, Msg: resp.Error, Errno: resp.Errno}
 	}
 	return resp, nil
 }
@@ -281,5 +288,5 @@ func (f FailureInfo) failure() Failure {
 	if code == "" {
 		code = CodeFailed
 	}
-	return Failure{ID: f.ID, Err: &DaemonError{Code: code, Msg: f.Error}}
+	return Failure{ID: f.ID, Err: &DaemonError{Code: code, Msg: f.Error, Errno: f.Errno}}
 }

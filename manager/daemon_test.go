@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
 )
@@ -254,4 +255,20 @@ func TestErrorCodesOfBadPaths(t *testing.T) {
 	missing := fmt.Errorf("prepare sandbox x: %w: /o is not there", ErrOriginalMissing)
 	assert.Equal(t, CodeOriginalMissing, ErrorCode(missing))
 	assert.ErrorIs(t, &DaemonError{Code: CodeOriginalMissing, Msg: "m"}, ErrOriginalMissing)
+}
+
+// The system error beneath a failure crosses the socket: a client matches
+// the daemon's failure with errors.Is(err, unix.EROFS) as its own.
+func TestErrnoOfAFailure(t *testing.T) {
+	roFS := (*PlanError)(&PlanResult{Plan: "p", Err: &commit.Error{Stage: commit.StagePrepare,
+		Err: &os.PathError{Op: "mkdir", Path: "/o/.sbxfs-txn-1", Err: unix.EROFS}}})
+	assert.Equal(t, "EROFS", ErrnoName(roFS))
+	assert.Equal(t, "", ErrnoName(ErrNotFound))
+	de := &DaemonError{Code: CodeFailed, Msg: "m", Errno: ErrnoName(roFS)}
+	assert.ErrorIs(t, de, unix.EROFS)
+	assert.NotErrorIs(t, de, unix.EPERM)
+	assert.NotErrorIs(t, &DaemonError{Code: CodeFailed, Msg: "m"}, unix.EROFS)
+	assert.Equal(t, "EROFS", ErrnoName(fmt.Errorf("commit plan p: %w", de)), "a client's error names it too")
+	f := FailureInfos([]Failure{{ID: "x", Err: roFS}})[0].failure()
+	assert.ErrorIs(t, f.Err, unix.EROFS, "and a failure in a batch")
 }

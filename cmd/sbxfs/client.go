@@ -115,6 +115,9 @@ func daemonFailure(err error, root string, other int) error {
 	case manager.CodeOtherMount:
 		return failf(exitBadPath, "%w\nno original was changed; %s", err, otherMountHint)
 	}
+	if h := fsHint(err); h != "" {
+		return failf(other, "%w; see %s\n%s", err, daemonLog(root), h)
+	}
 	return failf(other, "%w; see %s", err, daemonLog(root))
 }
 
@@ -137,13 +140,14 @@ type planJSON struct {
 	StillMounted   []string              `json:"still_mounted"`
 	Error          string                `json:"error,omitempty"`
 	Code           string                `json:"code,omitempty"`
+	Errno          string                `json:"errno,omitempty"`
 }
 
 func toPlanJSON(res *manager.PlanResult) planJSON {
 	j := planJSON{Plan: res.Plan, Committed: nonNil(res.Committed), RolledBack: nonNil(res.RolledBack),
 		RollbackFailed: manager.FailureInfos(res.RollbackFailed), StillMounted: nonNil(res.StillMounted)}
 	if res.Err != nil {
-		j.Error, j.Code = res.Err.Error(), manager.ErrorCode(res.Err)
+		j.Error, j.Code, j.Errno = res.Err.Error(), manager.ErrorCode(res.Err), manager.ErrnoName(res.Err)
 	}
 	return j
 }
@@ -155,12 +159,13 @@ type batchJSON struct {
 	Failed []manager.FailureInfo `json:"failed"`
 	Error  string                `json:"error,omitempty"`
 	Code   string                `json:"code,omitempty"`
+	Errno  string                `json:"errno,omitempty"`
 }
 
 func toBatchJSON(res *manager.BatchResult) batchJSON {
 	j := batchJSON{Op: res.Op, Done: nonNil(res.Done), Failed: manager.FailureInfos(res.Failed)}
 	if res.Err != nil {
-		j.Error, j.Code = res.Err.Error(), manager.ErrorCode(res.Err)
+		j.Error, j.Code, j.Errno = res.Err.Error(), manager.ErrorCode(res.Err), manager.ErrnoName(res.Err)
 	}
 	return j
 }

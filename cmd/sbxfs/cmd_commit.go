@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/fsutil"
@@ -172,8 +174,30 @@ func commitFailure(err error) error {
 		return &exitError{code: exitBadPath, err: fmt.Errorf("%w\nnothing was applied; %s", err, otherMountHint)}
 	case errors.As(err, &ce) && ce.Kept != "":
 		return &exitError{code: exitCommitFailed, err: fmt.Errorf("%w\nsome changes could not be undone: the backups are in %s", err, ce.Kept)}
+	case errors.As(err, &ce) && fsHint(err) != "" && ce.Stage == commit.StagePrepare:
+		return &exitError{code: exitCommitFailed, err: fmt.Errorf("%w\nnothing was applied; %s", err, fsHint(err))}
+	case errors.As(err, &ce) && fsHint(err) != "" && ce.RolledBack:
+		return &exitError{code: exitCommitFailed, err: fmt.Errorf("%w\n%s", err, fsHint(err))}
 	case errors.As(err, &ce):
 		return &exitError{code: exitCommitFailed, err: err}
 	}
 	return err
+}
+
+// fsHint says what to do about a failure a file system gave sbxfs
+// (read-only, full, not permitted), "" for any other failure. The sandbox
+// keeps its changes through all of them.
+func fsHint(err error) string {
+	const retry = "; then retry: the sandbox keeps its changes"
+	switch {
+	case errors.Is(err, unix.EROFS):
+		return "the file system named is mounted read-only: remount it read-write ('mount -o remount,rw')" + retry
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return "the file system named is full or a quota is reached: free space" + retry
+	case (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) && os.Geteuid() == 0:
+		return "the file or directory named, or the one it is in, may be immutable or append-only: 'lsattr -d PATH' shows it, 'chattr -i -a PATH' clears it" + retry
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return "you may not change the file or directory named: run as a user who may" + retry
+	}
+	return ""
 }

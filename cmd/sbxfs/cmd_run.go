@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -174,9 +175,13 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		res, err := d.Commit(manager.Target{ID: sb.ID}, manager.CommitOptions{Message: msg})
 		j := toPlanJSON(res)
 		out.Commit, out.Committed = &j, err == nil
-		if err != nil {
+		if err != nil && errors.Is(err, commit.ErrConflict) {
 			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs resolve %s PATH...' then 'sbxfs commit %s', 'sbxfs commit --force %s', or 'sbxfs destroy %s'",
 				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID, sb.ID, sb.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs commit %s' once the cause is settled, or 'sbxfs destroy %s'",
+				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID)
 		}
 		if len(res.StillMounted) > 0 {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still uses %s: the sandbox %s stays mounted there, empty; 'sbxfs destroy %s' when it is done\n", sb.Mountpoint, sb.ID, sb.ID)

@@ -216,3 +216,74 @@ func TestCommitAcrossAMountInTheOriginal(t *testing.T) {
 	assert.NoFileExists(t, filepath.Join(sub, "g"))
 	assert.True(t, isMounted(t, f.mnt))
 }
+
+// immutable makes p immutable (chattr +i) until the returned function or
+// the test's end undoes it; it skips the test where that is not possible.
+func immutable(t *testing.T, p string) func() {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("chattr +i needs root")
+	}
+	if out, err := exec.Command("chattr", "+i", p).CombinedOutput(); err != nil {
+		t.Skipf("chattr +i is not supported here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
+	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
+}
+
+// TestCommitRefusedByTheFileSystem: a commit the original's file system
+// refuses (an immutable directory, a read-only mount) fails with exit 8,
+// says what to do, changes nothing and keeps the sandbox's changes, and
+// the same commit passes once the cause is gone.
+func TestCommitRefusedByTheFileSystem(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	t.Run("immutable", func(t *testing.T) {
+		t.Parallel()
+		bin, f := mountedFixture(t)
+		writeFile(t, filepath.Join(f.mnt, "sub", "new"), "new\n")
+		writeFile(t, filepath.Join(f.mnt, "a.txt"), "mine\n")
+		undo := immutable(t, filepath.Join(f.orig, "sub"))
+		r := runBin(t, bin, "commit", f.mnt)
+		assertFailure(t, r, exitCommitFailed, "operation not permitted")
+		assert.Contains(t, r.stderr, "may be immutable or append-only: 'lsattr -d PATH' shows it")
+		assert.Contains(t, r.stderr, "the sandbox keeps its changes")
+		assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
+		assert.NoFileExists(t, filepath.Join(f.orig, "sub", "new"))
+		assert.True(t, isMounted(t, f.mnt))
+		assertFile(t, filepath.Join(f.mnt, "sub", "new"), "new\n")
+
+		undo()
+		r = runBin(t, bin, "commit", f.mnt)
+		require.Equal(t, 0, r.code, r.stderr)
+		assertFile(t, filepath.Join(f.orig, "a.txt"), "mine\n")
+		assertFile(t, filepath.Join(f.orig, "sub", "new"), "new\n")
+	})
+	t.Run("read-only", func(t *testing.T) {
+		t.Parallel()
+		if os.Geteuid() != 0 {
+			t.Skip("a read-only bind mount needs root")
+		}
+		bin := sbxfsBin(t)
+		f := newFixture(t)
+		ro := filepath.Join(filepath.Dir(f.orig), "ro")
+		require.NoError(t, os.Mkdir(ro, 0o755))
+		require.NoError(t, unix.Mount(f.orig, ro, "", unix.MS_BIND, ""))
+		t.Cleanup(func() { _ = unix.Unmount(ro, unix.MNT_DETACH) })
+		require.NoError(t, unix.Mount("", ro, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""))
+		r := runBin(t, bin, "mount", "--upper", f.dir, ro, f.mnt)
+		require.Equal(t, 0, r.code, r.stderr)
+		writeFile(t, filepath.Join(f.mnt, "a.txt"), "mine\n")
+
+		r = runBin(t, bin, "commit", f.mnt)
+		assertFailure(t, r, exitCommitFailed, "read-only file system")
+		assert.Contains(t, r.stderr, "nothing was applied; the file system named is mounted read-only: remount it read-write")
+		assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
+		assertFile(t, filepath.Join(f.mnt, "a.txt"), "mine\n")
+
+		require.NoError(t, unix.Mount("", ro, "", unix.MS_REMOUNT|unix.MS_BIND, ""))
+		r = runBin(t, bin, "commit", f.mnt)
+		require.Equal(t, 0, r.code, r.stderr)
+		assertFile(t, filepath.Join(f.orig, "a.txt"), "mine\n")
+	})
+}

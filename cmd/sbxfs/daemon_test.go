@@ -413,6 +413,35 @@ func TestManagedRunConflict(t *testing.T) {
 	assertFile(t, filepath.Join(o, "a.txt"), "mine\n")
 }
 
+// TestManagedRunCommitRefusedByTheFileSystem: a commit of 'sbxfs run' the
+// original's file system refuses keeps the sandbox mounted and says to
+// commit it once the cause is settled (not to resolve conflicts it does
+// not have); the daemon passes the system error on (errno in --json).
+func TestManagedRunCommitRefusedByTheFileSystem(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	require.NoError(t, os.Mkdir(filepath.Join(o, "sub"), 0o755))
+	undo := immutable(t, filepath.Join(o, "sub"))
+	r := e.sbxfs("run", "--commit-on-success", "--json", o, "--", "sh", "-c", "echo new > sub/new")
+	assertFailure(t, r, exitCommitFailed, "operation not permitted")
+	assert.Contains(t, r.stderr, "may be immutable or append-only")
+	assert.Contains(t, r.stderr, "' once the cause is settled, or 'sbxfs destroy ")
+	assert.NotContains(t, r.stderr, "sbxfs resolve")
+	var out runJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.NotNil(t, out.Commit)
+	assert.Equal(t, "EPERM", out.Commit.Errno)
+	assert.False(t, out.Committed)
+	assert.NoFileExists(t, filepath.Join(o, "sub", "new"))
+	assert.True(t, isMounted(t, out.Mountpoint), "the sandbox stays mounted")
+
+	undo()
+	r = e.sbxfs("commit", out.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "sub", "new"), "new\n")
+}
+
 func TestDaemonRestart(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)
