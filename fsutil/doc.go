@@ -16,7 +16,9 @@
 //   - Mounts: [SameMount] tells whether rename(2) between two paths can
 //     work (one mount, not just one filesystem); [MountID] names the mount
 //     of a descriptor; [IsStaleMount] tells a FUSE mount whose server is
-//     gone.
+//     gone; [ReadMountinfo] and [MountAt] read the mount table;
+//     [FuseConnDir] names a FUSE connection in fusectl and [CutOffFuse]
+//     ends one that outlived its unmount (a copy of the mount elsewhere).
 //
 // Every error is wrapped with context and keeps its errno, so callers can
 // test it with errors.Is(err, unix.ENOSPC) or errors.As into a syscall.Errno.

@@ -64,6 +64,7 @@ type Server struct {
 	fs         *filesystem
 	layers     *layers.Layers
 	mnt        string
+	stDev      uint64 // the mount's device number (CutOff), 0 when unknown
 }
 
 // ErrMount wraps every failure to mount.
@@ -102,7 +103,12 @@ func Mount(cfg Config) (*Server, error) {
 	}
 	fsys.startFlusher()
 	raiseReadahead(cfg.Mountpoint)
-	return &Server{srv: srv, uring: uring, dev: dev, fs: fsys, layers: l, mnt: cfg.Mountpoint}, nil
+	s := &Server{srv: srv, uring: uring, dev: dev, fs: fsys, layers: l, mnt: cfg.Mountpoint}
+	var st unix.Stat_t
+	if unix.Stat(cfg.Mountpoint, &st) == nil {
+		s.stDev = st.Dev
+	}
+	return s, nil
 }
 
 // mount serves root at mnt (fusefs.Mount, with READDIR replies sized
@@ -299,18 +305,36 @@ func (s *Server) Wait() error {
 // use (a file open, a working directory in it); a frozen mount then stays
 // frozen, so a commit that cannot unmount resets the sandbox with no
 // change slipping in between. Once unmounted it is thawed: no process can
-// be waiting at the gate of a mount nothing uses.
+// be waiting at the gate of a mount nothing uses. A copy of the mount that
+// outlives the unmount (another mount namespace's, a bind mount) is cut
+// off (CutOff): the server finishes.
 func (s *Server) Unmount() error {
-	if err := s.srv.Unmount(); err != nil {
-		// go-fuse falls back to fusermount3, whose message is all that
-		// says why.
-		if strings.Contains(err.Error(), "busy") {
-			err = syscall.EBUSY
+	// go-fuse's Unmount waits for its own loops (io_uring, layers that
+	// may stall) to end, which a copy elsewhere would keep running.
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Unmount() }()
+	tick := time.NewTicker(cutOffWait)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				// go-fuse falls back to fusermount3, whose message is
+				// all that says why.
+				if strings.Contains(err.Error(), "busy") {
+					err = syscall.EBUSY
+				}
+				return fmt.Errorf("unmount %s: %w", s.mnt, err)
+			}
+			s.CutOff()
+			s.Thaw()
+			return nil
+		case <-tick.C:
+			if !s.mountedHere() {
+				s.CutOff()
+			}
 		}
-		return fmt.Errorf("unmount %s: %w", s.mnt, err)
 	}
-	s.Thaw()
-	return nil
 }
 
 // Layers returns the overlay stack the mount serves.

@@ -47,10 +47,11 @@ type response struct {
 
 // ControlServer answers control requests for one mount.
 type ControlServer struct {
-	ln   net.Listener
-	path string
-	c    Controlled
-	wg   sync.WaitGroup
+	ln       net.Listener
+	path     string
+	c        Controlled
+	wg       sync.WaitGroup
+	answerMu sync.RWMutex // held (read) while a request is answered; Close takes it
 }
 
 // sockPath reaches name in dir through a descriptor, so the socket path
@@ -116,6 +117,7 @@ func (s *ControlServer) serve(conn net.Conn) {
 		if err := dec.Decode(&req); err != nil {
 			return
 		}
+		s.answerMu.RLock()
 		resp := response{OK: true, Pid: os.Getpid()}
 		var err error
 		switch req.Op {
@@ -146,15 +148,21 @@ func (s *ControlServer) serve(conn net.Conn) {
 			}
 			resp.MountBusy = errors.Is(err, unix.EBUSY)
 		}
-		if enc.Encode(resp) != nil {
+		err = enc.Encode(resp)
+		s.answerMu.RUnlock()
+		if err != nil {
 			return
 		}
 	}
 }
 
-// Close stops answering (open connections end with their clients).
+// Close stops answering (open connections end with their clients). It
+// waits for the answers being given: the serving process exits after it,
+// and an unmount ends the mount before its answer is sent.
 func (s *ControlServer) Close() error {
 	err := s.ln.Close()
+	s.answerMu.Lock()
+	defer s.answerMu.Unlock()
 	if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
 		err = rerr
 	}

@@ -139,7 +139,7 @@ func (m *Manager) purgeRecord(r *record) error {
 // gcMounts detaches sbxfs mounts of this state root that nobody serves
 // and removes unused mountpoint directories under StateRoot/mnt.
 func (m *Manager) gcMounts(res *BatchResult) {
-	mounts, err := readMounts()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		res.fail("mounts", err)
 		return
@@ -176,7 +176,7 @@ func (m *Manager) gcMounts(res *BatchResult) {
 // detachSource detaches every mount whose source is the work directory
 // work (a sandbox directory is never removed under a live mount).
 func (m *Manager) detachSource(work string) error {
-	mounts, err := readMounts()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}

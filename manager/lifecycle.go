@@ -373,7 +373,7 @@ func (m *Manager) Mount(ctx context.Context, id string) (Sandbox, error) {
 // inMountTable reports whether r's mount is at its mountpoint (true when
 // the mount table cannot be read).
 func (m *Manager) inMountTable(r *record) bool {
-	mounts, err := readMounts()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return true
 	}
@@ -391,7 +391,7 @@ func (m *Manager) inMountTable(r *record) bool {
 // mounted at r's mountpoint is refused too (unix.EBUSY: busy, as a
 // mountpoint already mounted is for every mount).
 func (m *Manager) clearMounts(r *record) error {
-	mounts, err := readMounts()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}
@@ -414,12 +414,14 @@ func (m *Manager) clearMounts(r *record) error {
 }
 
 // unmountServed unmounts a mount this process serves; its server then
-// finishes (mount.done). A busy mount fails with unix.EBUSY.
+// finishes (mount.done), a copy of the mount elsewhere cut off. A busy
+// mount fails with unix.EBUSY.
 func unmountServed(mt *mount, mnt string) error {
 	if os.Geteuid() == 0 {
 		if err := unix.Unmount(mnt, 0); err != nil {
 			return fmt.Errorf("unmount %s: %w", mnt, err)
 		}
+		mt.srv.CutOff()
 		return nil
 	}
 	return mt.srv.Unmount() // fusermount3 -u; unix.EBUSY when busy

@@ -145,7 +145,7 @@ func (d *daemon) stop() {
 }
 
 func mounted(mnt string) bool {
-	ms, _ := readMounts()
+	ms, _ := fsutil.ReadMountinfo()
 	for _, e := range ms {
 		if e.Mountpoint == mnt {
 			return true

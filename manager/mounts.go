@@ -1,17 +1,16 @@
 package manager
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/fuse"
 )
 
@@ -153,7 +152,7 @@ func (m *Manager) unmountSandbox(r *record, lazy bool) error {
 // detachStale unmounts whatever is still mounted at r's mountpoint from
 // r's work directory (a server that died leaves such a mount behind).
 func (m *Manager) detachStale(r *record, lazy bool) error {
-	mounts, err := readMounts()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}
@@ -182,50 +181,4 @@ func lazyDetach(mnt string) error {
 		return fmt.Errorf("fusermount3 -u -z %s: %v: %s", mnt, err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	Mountpoint, FSType, Source string
-}
-
-// readMounts reads this mount namespace's table (proc(5)).
-func readMounts() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		for i := 6; i+2 < len(fs); i++ {
-			if fs[i] == "-" {
-				out = append(out, mountEntry{Mountpoint: unescape(fs[4]), FSType: fs[i+1], Source: unescape(fs[i+2])})
-				break
-			}
-		}
-	}
-	return out, sc.Err()
-}
-
-// unescape decodes mountinfo's \ooo octal escapes.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

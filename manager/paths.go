@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // The checks below follow cmd/sbxfs/checks.go (which the manager must not
@@ -51,7 +52,7 @@ func within(p, dir string) bool {
 // checkMountpoint refuses a given mountpoint that is already a mount
 // point or holds entries (the mount would hide them).
 func checkMountpoint(mnt string) error {
-	mounts, err := readMounts()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}

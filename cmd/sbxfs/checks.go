@@ -160,10 +160,10 @@ func isLower(role string) bool {
 // work that no server serves any more (it was killed), saying so on w:
 // mounting the sandbox again replaces them, as the daemon does. It
 // returns the mount table as it is afterwards.
-func detachStale(mounts []mountEntry, work string, w io.Writer) ([]mountEntry, error) {
+func detachStale(mounts []fsutil.MountEntry, work string, w io.Writer) ([]fsutil.MountEntry, error) {
 	detached := false
 	for _, e := range mounts {
-		if e.isSbxfs() && e.Source == work && fsutil.IsStaleMount(e.Mountpoint) {
+		if isSbxfs(&e) && e.Source == work && fsutil.IsStaleMount(e.Mountpoint) {
 			if err := lazyDetach(e.Mountpoint); err != nil {
 				return nil, failf(exitBusy, "%s is a mount of this sandbox whose server is gone, and detaching it failed: %v; run 'sbxfs unmount %s'", e.Mountpoint, err, e.Mountpoint)
 			}
@@ -174,23 +174,23 @@ func detachStale(mounts []mountEntry, work string, w io.Writer) ([]mountEntry, e
 	if !detached {
 		return mounts, nil
 	}
-	return readMountinfo()
+	return fsutil.ReadMountinfo()
 }
 
 // checkMountpointFree refuses a mountpoint that already is one.
-func checkMountpointFree(mounts []mountEntry, mnt string) error {
-	e := mountAt(mounts, mnt)
+func checkMountpointFree(mounts []fsutil.MountEntry, mnt string) error {
+	e := fsutil.MountAt(mounts, mnt)
 	if e == nil {
 		return nil
 	}
-	if e.isSbxfs() {
+	if isSbxfs(e) {
 		return failf(exitBusy, "%q is already an sbxfs mount (work directory %s); run 'sbxfs unmount %s' first or choose another mountpoint", mnt, e.Source, mnt)
 	}
 	return failf(exitBusy, "%q is already a mount point (%s from %s); unmount it first or choose another mountpoint", mnt, e.FSType, e.Source)
 }
 
 // checkSandboxFree refuses a work directory that a mount already uses.
-func checkSandboxFree(mounts []mountEntry, work string) error {
+func checkSandboxFree(mounts []fsutil.MountEntry, work string) error {
 	if e := sbxfsMountOf(mounts, work); e != nil {
 		return failf(exitBusy, "sandbox %s is already mounted at %s; use that mount, or run 'sbxfs unmount %s' first", filepath.Dir(work), e.Mountpoint, e.Mountpoint)
 	}
@@ -199,7 +199,7 @@ func checkSandboxFree(mounts []mountEntry, work string) error {
 
 // checkMountpoint resolves mnt and refuses it when it is missing, not a
 // directory, already a mount point or not empty.
-func checkMountpoint(mounts []mountEntry, mnt string) (string, error) {
+func checkMountpoint(mounts []fsutil.MountEntry, mnt string) (string, error) {
 	if real, err := resolveMountpoint(mnt); err == nil {
 		if err := checkMountpointFree(mounts, real); err != nil {
 			return "", err

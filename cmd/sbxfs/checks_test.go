@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // realTempDir is t.TempDir with its symlinks resolved.
@@ -133,7 +135,7 @@ func TestCheckMountpoint(t *testing.T) {
 	assert.Equal(t, exitBadPath, exitCode(err))
 	assert.Contains(t, err.Error(), "mkdir -p")
 
-	mounts := []mountEntry{{Mountpoint: empty, FSType: "ext4", Source: "/dev/sda1"}}
+	mounts := []fsutil.MountEntry{{Mountpoint: empty, FSType: "ext4", Source: "/dev/sda1"}}
 	_, err = checkMountpoint(mounts, empty)
 	require.Error(t, err)
 	assert.Equal(t, exitBusy, exitCode(err))
@@ -142,7 +144,7 @@ func TestCheckMountpoint(t *testing.T) {
 
 func TestCheckSandboxFree(t *testing.T) {
 	t.Parallel()
-	mounts := []mountEntry{{Mountpoint: "/m", FSType: fsType, Source: "/s/work"}}
+	mounts := []fsutil.MountEntry{{Mountpoint: "/m", FSType: fsType, Source: "/s/work"}}
 	assert.NoError(t, checkSandboxFree(mounts, "/t/work"))
 	err := checkSandboxFree(mounts, "/s/work")
 	require.Error(t, err)

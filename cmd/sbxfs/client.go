@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -362,7 +363,7 @@ func managedTarget(c *cli.Context) (string, manager.Target, error) {
 // whose mountpoint or directory arg is, if it is one:
 // its work directory is StateRoot/sandboxes/<id>/work.
 func managedSandboxAt(arg string) (root, id string) {
-	mounts, err := readMountinfo()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return "", ""
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/fuse"
 	"github.com/sbxfs/sbxfs/layers"
 	"github.com/sbxfs/sbxfs/manager"
@@ -67,7 +68,7 @@ func runMount(c *cli.Context) error {
 	if err := checkArgs(c, args, 2, mountUsage); err != nil {
 		return err
 	}
-	mounts, err := readMountinfo()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}
@@ -212,8 +213,8 @@ func managedMountTarget(c *cli.Context, arg string) (root, id string, err error)
 		return "", "", failf(exitBadPath, "%q: %v; give a sandbox ID or a mountpoint", arg, err)
 	}
 	// Mounted: the mount's source names its sandbox and state root.
-	if mounts, err := readMountinfo(); err == nil {
-		if e := mountAt(mounts, mnt); e != nil && e.isSbxfs() {
+	if mounts, err := fsutil.ReadMountinfo(); err == nil {
+		if e := fsutil.MountAt(mounts, mnt); e != nil && isSbxfs(e) {
 			if r, id := managedWork(e.Source); id != "" {
 				return r, id, nil
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -106,12 +107,12 @@ func runStatus(c *cli.Context) error {
 
 // findSandbox returns the work directory of the sandbox arg names: an sbxfs
 // mountpoint, a sandbox directory DIR (DIR/work) or a work directory.
-func findSandbox(mounts []mountEntry, arg string) (string, error) {
+func findSandbox(mounts []fsutil.MountEntry, arg string) (string, error) {
 	p, err := resolveMountpoint(arg)
 	if err != nil {
 		return "", failf(exitBadPath, "%q: %v; give a mountpoint or a sandbox directory", arg, err)
 	}
-	if e := mountAt(mounts, p); e != nil && e.isSbxfs() {
+	if e := fsutil.MountAt(mounts, p); e != nil && isSbxfs(e) {
 		return e.Source, nil
 	}
 	for _, work := range []string{filepath.Join(p, "work"), p} {

@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -50,15 +51,15 @@ func runUnmount(c *cli.Context) error {
 	if err != nil {
 		return failf(exitBadPath, "mountpoint %q: %v; give the mountpoint's path", args[0], err)
 	}
-	mounts, err := readMountinfo()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}
-	e := mountAt(mounts, mnt)
+	e := fsutil.MountAt(mounts, mnt)
 	switch {
 	case e == nil:
 		return failf(exitNotSbxfs, "%s is not a mount point, so not an sbxfs mount; give the MOUNTPOINT of 'sbxfs mount'", mnt)
-	case !e.isSbxfs():
+	case !isSbxfs(e):
 		return failf(exitNotSbxfs, "%s is not an sbxfs mount (it is %s from %s); use umount(8) for it", mnt, e.FSType, e.Source)
 	}
 	lazy := c.Bool("lazy")
@@ -74,6 +75,9 @@ func runUnmount(c *cli.Context) error {
 	if err := unmount(mnt, lazy); err != nil {
 		return err
 	}
+	if !lazy {
+		cutOff(c, mnt, e.Dev)
+	}
 	timeout := serverExitTimeout
 	if lazy {
 		timeout = 2 * time.Second // open files keep a detached server alive
@@ -86,6 +90,19 @@ func runUnmount(c *cli.Context) error {
 		return failf(exitInternal, "%s is unmounted but its server (pid %d) has not exited after %s; see %s", mnt, pid, timeout, serverLog(e.Source))
 	}
 	return nil
+}
+
+// cutOff ends the connection of the sbxfs file system with device number
+// dev, just unmounted from mnt, where a bind mount or another mount
+// namespace still holds it (fsutil.CutOffFuse): its server finishes.
+func cutOff(c *cli.Context, mnt string, dev uint64) {
+	cut, err := fsutil.CutOffFuse(dev, 200*time.Millisecond)
+	switch {
+	case err != nil:
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: %s is unmounted, but its file system is still mounted elsewhere (a bind mount, or another mount namespace) and cutting it off failed: %v\n", mnt, err)
+	case cut:
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: %s was still mounted elsewhere (a bind mount, or a copy in another mount namespace): cut off, it answers ENOTCONN there\n", mnt)
+	}
 }
 
 // unmount unmounts mnt: with umount2 as root, with fusermount3 otherwise.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -41,7 +42,7 @@ func (e *managedEnv) crashCommit(pid int, args ...string) {
 	assertFailure(e.t, r, exitInternal, "went away")
 	if !waitProcessExit(pid, 20*time.Second) {
 		// Stuck exiting on a request to one of its own mounts: abort them.
-		es, err := readMountinfo()
+		es, err := fsutil.ReadMountinfo()
 		require.NoError(e.t, err)
 		for _, m := range es {
 			if within(m.Mountpoint, e.root) {

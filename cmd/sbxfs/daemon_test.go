@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/internal/shellwriter"
 	"github.com/sbxfs/sbxfs/manager"
 )
@@ -129,7 +130,7 @@ func (e *managedEnv) stopDaemon() {
 	if b, err := os.ReadFile(daemonLog(e.root)); err == nil && bytes.Contains(b, []byte("WARNING: DATA RACE")) {
 		e.t.Errorf("the daemon reported a data race:\n%s", b)
 	}
-	es, err := readMountinfo()
+	es, err := fsutil.ReadMountinfo()
 	require.NoError(e.t, err)
 	for _, m := range es {
 		if within(m.Mountpoint, e.root) {
@@ -145,19 +146,17 @@ func (e *managedEnv) stopDaemon() {
 // hung, or died in the middle of a request to one of its own mounts), so
 // that nothing waits on it any more.
 func abortFuse(t *testing.T, mnt string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 5 || unescapeMountinfo(f[4]) != mnt {
+	for _, e := range mounts {
+		if e.Mountpoint != mnt {
 			continue
 		}
-		if _, minor, ok := strings.Cut(f[2], ":"); ok {
-			err := os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0o200)
-			t.Logf("cleanup: abort the FUSE connection %s of %s: %v", minor, mnt, err)
-		}
+		conn := fsutil.FuseConnDir(e.Dev)
+		err := os.WriteFile(filepath.Join(conn, "abort"), []byte("1"), 0o200)
+		t.Logf("cleanup: abort the FUSE connection %s of %s: %v", conn, mnt, err)
 	}
 }
 

@@ -32,9 +32,9 @@ func requireFuse(t *testing.T) {
 // isMounted reports whether mnt is a mount point now.
 func isMounted(t *testing.T, mnt string) bool {
 	t.Helper()
-	es, err := readMountinfo()
+	es, err := fsutil.ReadMountinfo()
 	require.NoError(t, err)
-	return mountAt(es, mnt) != nil
+	return fsutil.MountAt(es, mnt) != nil
 }
 
 // cleanupMount makes sure mnt is unmounted when the test ends, whatever
@@ -296,9 +296,9 @@ func TestHelperFormByName(t *testing.T) {
 	r := runBin(t, helper, "sbxfs", mnt, "-n", "-o", opts)
 	require.Equal(t, 0, r.code, r.stderr)
 	checkHelperMount(t, l1, l2, upper, mnt)
-	es, err := readMountinfo()
+	es, err := fsutil.ReadMountinfo()
 	require.NoError(t, err)
-	e := mountAt(es, mnt)
+	e := fsutil.MountAt(es, mnt)
 	require.NotNil(t, e)
 	assert.Equal(t, work, e.Source)
 	assert.Contains(t, e.SuperOpts, "allow_other", "root mounts allow other users")

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/fuse"
 	"github.com/sbxfs/sbxfs/layers"
 )
@@ -240,7 +241,7 @@ func runHelper(args []string) error {
 	if err := o.resolve(); err != nil {
 		return err
 	}
-	mounts, err := readMountinfo()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
 	}

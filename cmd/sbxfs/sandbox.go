@@ -21,7 +21,7 @@ type sandbox struct {
 	work  string
 	meta  *layers.Meta
 	cfg   layers.Config
-	mount *mountEntry // nil when not mounted
+	mount *fsutil.MountEntry // nil when not mounted
 }
 
 // openSandbox finds the sandbox arg names (a mountpoint, a sandbox
@@ -169,7 +169,7 @@ func freeze(ctl *manager.Control, wait time.Duration) error {
 // lookupSandbox finds the sandbox arg names and whether it is mounted,
 // without recovering anything (for read-only commands).
 func lookupSandbox(arg string) (*sandbox, error) {
-	mounts, err := readMountinfo()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +229,7 @@ func checkRecord(work string, m *layers.Meta) error {
 // stillMounted reports whether the sandbox's mount is still there (an
 // unmount request can fail in its answer after the server went away).
 func (sb *sandbox) stillMounted() bool {
-	mounts, err := readMountinfo()
+	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return true
 	}

@@ -1,0 +1,176 @@
+package fsutil
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// MountEntry is one line of a mountinfo table (proc(5)), with its paths
+// unescaped.
+type MountEntry struct {
+	ID, Parent int
+	Dev        uint64 // the file system's device number, as st_dev
+	Root       string // the mounted subtree of the source file system
+	Mountpoint string
+	Options    string // per-mount options
+	FSType     string
+	Source     string // for sbxfs: the absolute path of the work directory
+	SuperOpts  string
+}
+
+// ReadMountinfo reads the mount table of this process's mount namespace.
+func ReadMountinfo() ([]MountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	defer f.Close()
+	return ParseMountinfo(f)
+}
+
+// ParseMountinfo parses the mountinfo format (proc(5)):
+//
+//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+//
+// Fields 1 to 6 are fixed, then optional fields up to a lone "-", then the
+// file system type, the source and the super block options. Whitespace and
+// backslashes inside fields are escaped as \ooo octal.
+func ParseMountinfo(r io.Reader) ([]MountEntry, error) {
+	var out []MountEntry
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		e, err := parseMountinfoLine(line)
+		if err != nil {
+			return nil, fmt.Errorf("mountinfo line %d: %w", n, err)
+		}
+		out = append(out, e)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	return out, nil
+}
+
+func parseMountinfoLine(line string) (MountEntry, error) {
+	f := strings.Fields(line)
+	sep := -1
+	for i := 6; i < len(f); i++ {
+		if f[i] == "-" {
+			sep = i
+			break
+		}
+	}
+	if len(f) < 7 || sep < 0 || len(f) < sep+3 {
+		return MountEntry{}, fmt.Errorf("malformed entry %q", line)
+	}
+	id, err1 := strconv.Atoi(f[0])
+	parent, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return MountEntry{}, fmt.Errorf("malformed mount ids in %q", line)
+	}
+	major, minor, ok := strings.Cut(f[2], ":")
+	maj, err1 := strconv.ParseUint(major, 10, 32)
+	mnr, err2 := strconv.ParseUint(minor, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return MountEntry{}, fmt.Errorf("malformed device number in %q", line)
+	}
+	e := MountEntry{
+		ID:         id,
+		Parent:     parent,
+		Dev:        unix.Mkdev(uint32(maj), uint32(mnr)),
+		Root:       unescapeMountinfo(f[3]),
+		Mountpoint: unescapeMountinfo(f[4]),
+		Options:    f[5],
+		FSType:     unescapeMountinfo(f[sep+1]),
+		Source:     unescapeMountinfo(f[sep+2]),
+	}
+	if len(f) > sep+3 {
+		e.SuperOpts = f[sep+3]
+	}
+	return e, nil
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space,
+// \011 tab, \012 newline, \134 backslash). Anything else is kept as is.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			if v := int(s[i+1]-'0')<<6 | int(s[i+2]-'0')<<3 | int(s[i+3]-'0'); v <= 0xff {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
+
+// MountAt returns the topmost mount whose mountpoint is exactly path (clean
+// and absolute), or nil.
+func MountAt(entries []MountEntry, path string) *MountEntry {
+	var found *MountEntry
+	for i := range entries {
+		if entries[i].Mountpoint == path {
+			found = &entries[i] // later lines are mounted on top
+		}
+	}
+	return found
+}
+
+// FuseConnDir is the fusectl directory (/sys/fs/fuse/connections/N) of the
+// FUSE file system with device number dev: fusectl names a connection by
+// the kernel's dev_t, major<<20 | minor. Writing to its abort file ends
+// the connection.
+func FuseConnDir(dev uint64) string {
+	return fmt.Sprintf("/sys/fs/fuse/connections/%d", uint64(unix.Major(dev))<<20|uint64(unix.Minor(dev)))
+}
+
+// CutOffFuse ends the connection of the FUSE file system with device
+// number dev if it is still alive wait after its mountpoint was unmounted,
+// and reports whether it did. The kernel ends a file system nothing else
+// holds before umount(2) returns, and with it its fusectl directory; one
+// still there is held elsewhere: by a bind mount of the mountpoint, or by
+// a copy of the mount in another mount namespace (made by unshare -m, or
+// a service's private namespace, while it was mounted), which the unmount
+// does not reach. Its server would go on serving that copy; cut off, the
+// copy answers ENOTCONN and the server finishes. Never call it after a
+// lazy unmount (MNT_DETACH): what still uses a detached mount holds it on
+// purpose. Without fusectl (/sys/fs/fuse/connections) it does nothing.
+func CutOffFuse(dev uint64, wait time.Duration) (bool, error) {
+	dir := FuseConnDir(dev)
+	for end := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(dir); err != nil {
+			return false, nil // gone: nothing held it (or no fusectl)
+		}
+		if time.Now().After(end) {
+			break
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "abort"), []byte("1"), 0); err != nil {
+		if _, serr := os.Stat(dir); serr != nil {
+			return false, nil // gone in the meantime
+		}
+		return false, fmt.Errorf("cut off the FUSE connection %s: %w", dir, err)
+	}
+	return true, nil
+}
