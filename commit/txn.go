@@ -270,6 +270,9 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 		}
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
+		if !sameFS {
+			_ = os.Remove(filepath.Join(x.work, pendingTxnName)) // nothing was made
+		}
 		return err
 	}
 	x.log.Txn = dir

@@ -278,6 +278,7 @@ func TestCommitRefusedByTheFileSystem(t *testing.T) {
 		r = runBin(t, bin, "commit", f.mnt)
 		assertFailure(t, r, exitCommitFailed, "read-only file system")
 		assert.Contains(t, r.stderr, "nothing was applied; the file system named is mounted read-only: remount it read-write")
+		assert.NoFileExists(t, filepath.Join(f.dir, "work", "txn.pending"), "no transaction directory was made")
 		assertFile(t, filepath.Join(f.orig, "a.txt"), "hello\n")
 		assertFile(t, filepath.Join(f.mnt, "a.txt"), "mine\n")
 
