@@ -3,7 +3,6 @@ package commit
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/internal/immutable"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -25,7 +25,7 @@ func TestFailedApplyIsUndoneAndRetryable(t *testing.T) {
 	s.write("z/new", "new")
 	s.done()
 	old := snapshot(t, s.orig)
-	unlock := immutable(t, filepath.Join(s.orig, "z"))
+	unlock := immutable.Set(t, filepath.Join(s.orig, "z"))
 
 	err := commitAll(t, s.cfg, Options{})
 	var ce *Error
@@ -55,7 +55,7 @@ func TestUndoOfAnApplyStoppedBeforeAnExchange(t *testing.T) {
 	s.write("a/new", "new")
 	s.done()
 	old := snapshotTimes(t, s.orig)
-	unlock := immutable(t, filepath.Join(s.orig, "a"))
+	unlock := immutable.Set(t, filepath.Join(s.orig, "a"))
 
 	err := commitAll(t, s.cfg, Options{})
 	var ce *Error
@@ -76,7 +76,7 @@ func TestUndoDoesNotAdoptAReplacedOriginal(t *testing.T) {
 	s.write("b/new", "new")
 	s.write("c/h", "changed")
 	s.done()
-	unlock := immutable(t, filepath.Join(s.orig, "b"))
+	unlock := immutable.Set(t, filepath.Join(s.orig, "b"))
 
 	h := filepath.Join(s.orig, "c", "h")
 	replaced := false
@@ -147,21 +147,6 @@ func mustReadFile(t *testing.T, p string) []byte {
 	b, err := os.ReadFile(p)
 	require.NoError(t, err)
 	return b
-}
-
-// immutable makes the directory p immutable (chattr +i), so that an apply
-// fails there with EPERM, and returns what makes it mutable again (also
-// run at cleanup). It skips the test where that cannot be done.
-func immutable(t *testing.T, p string) (unlock func()) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("chattr +i needs root")
-	}
-	if out, err := exec.Command("chattr", "+i", p).CombinedOutput(); err != nil {
-		t.Skipf("chattr +i is not supported here: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
-	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
 }
 
 // emptyD removes everything in d of TestWriteBetweenTheCheckAndTheApplyIsAConflict's original.

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -277,17 +276,6 @@ func repeat(s State, n int) []State {
 
 // chattr sets or clears the immutable flag of p (root only); the flag is
 // cleared when the test ends.
-func chattr(t testing.TB, flag, p string) {
-	t.Helper()
-	out, err := exec.Command("chattr", flag, p).CombinedOutput()
-	if err != nil && flag == "+i" {
-		t.Skipf("chattr +i is not supported here: %v %s", err, out)
-	}
-	if flag == "+i" {
-		t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
-	}
-}
-
 func needRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (chattr +i)")

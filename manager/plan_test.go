@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/internal/immutable"
 )
 
 var ctx = context.Background()
@@ -55,7 +56,7 @@ func TestCommitPlanFailureInEachSandbox(t *testing.T) {
 			m := open(t, t.TempDir())
 			fx := newFixture(t, m, "p", 3)
 			locked := filepath.Join(fx.origs[k], "sub")
-			chattr(t, "+i", locked)
+			unlock := immutable.Set(t, locked)
 			var seen []string
 			res, err := m.CommitPlan(ctx, "p", CommitOptions{Fault: func(p string) { seen = append(seen, p) }})
 			var pe *PlanError
@@ -72,7 +73,7 @@ func TestCommitPlanFailureInEachSandbox(t *testing.T) {
 				assert.Contains(t, seen, fmt.Sprint("applied-", i), "sandbox %d was applied, then undone", i)
 			}
 
-			chattr(t, "-i", locked)
+			unlock()
 			res, err = m.CommitPlan(ctx, "p", CommitOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, fx.ids, res.Committed)
@@ -122,10 +123,11 @@ func TestRollbackFailureIsReported(t *testing.T) {
 	fx := newFixture(t, m, "p", 3)
 	sub0 := filepath.Join(fx.origs[0], "sub")
 	sub1 := filepath.Join(fx.origs[1], "sub")
-	chattr(t, "+i", sub1) // sandbox 1 cannot apply
+	unlock1 := immutable.Set(t, sub1) // sandbox 1 cannot apply
+	unlock0 := func() {}
 	fault := func(p string) {
 		if p == "applied-0" {
-			chattr(t, "+i", sub0) // ... and sandbox 0 cannot be undone
+			unlock0 = immutable.Set(t, sub0) // ... and sandbox 0 cannot be undone
 		}
 	}
 	res, err := m.CommitPlan(ctx, "p", CommitOptions{Fault: fault})
@@ -147,8 +149,8 @@ func TestRollbackFailureIsReported(t *testing.T) {
 	assert.Equal(t, Active, sb.State)
 	assert.Contains(t, sb.Error, "rollback")
 
-	chattr(t, "-i", sub0)
-	chattr(t, "-i", sub1)
+	unlock0()
+	unlock1()
 	res, err = m.CommitPlan(ctx, "p", CommitOptions{})
 	require.NoError(t, err)
 	assert.Len(t, res.Committed, 3)
@@ -354,7 +356,7 @@ func TestCleanupFailureAfterTheCommitPoint(t *testing.T) {
 	m := open(t, t.TempDir(), true)
 	fx := newFixture(t, m, "p", 3)
 	stuck := m.upper(fx.ids[1])
-	chattr(t, "+i", stuck)
+	unlock := immutable.Set(t, stuck)
 	res, err := m.CommitPlan(ctx, "p", CommitOptions{})
 	var pe *PlanError
 	require.ErrorAs(t, err, &pe)
@@ -372,7 +374,7 @@ func TestCleanupFailureAfterTheCommitPoint(t *testing.T) {
 	require.Len(t, pr.Txns, 1)
 	assert.Equal(t, fx.ids[1], pr.Txns[0].Sandbox)
 
-	chattr(t, "-i", stuck)
+	unlock()
 	res, err = m.CommitPlan(ctx, "p", CommitOptions{})
 	require.NoError(t, err)
 	assert.Empty(t, res.Committed, "the committed sandbox is ended, not committed again")

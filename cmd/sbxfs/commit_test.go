@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/internal/immutable"
 	"github.com/sbxfs/sbxfs/internal/shellwriter"
 )
 
@@ -217,20 +218,6 @@ func TestCommitAcrossAMountInTheOriginal(t *testing.T) {
 	assert.True(t, isMounted(t, f.mnt))
 }
 
-// immutable makes p immutable (chattr +i) until the returned function or
-// the test's end undoes it; it skips the test where that is not possible.
-func immutable(t *testing.T, p string) func() {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("chattr +i needs root")
-	}
-	if out, err := exec.Command("chattr", "+i", p).CombinedOutput(); err != nil {
-		t.Skipf("chattr +i is not supported here: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", p).Run() })
-	return func() { require.NoError(t, exec.Command("chattr", "-i", p).Run()) }
-}
-
 // TestCommitRefusedByTheFileSystem: a commit the original's file system
 // refuses (an immutable directory, a read-only mount) fails with exit 8,
 // says what to do, changes nothing and keeps the sandbox's changes, and
@@ -243,7 +230,7 @@ func TestCommitRefusedByTheFileSystem(t *testing.T) {
 		bin, f := mountedFixture(t)
 		writeFile(t, filepath.Join(f.mnt, "sub", "new"), "new\n")
 		writeFile(t, filepath.Join(f.mnt, "a.txt"), "mine\n")
-		undo := immutable(t, filepath.Join(f.orig, "sub"))
+		undo := immutable.Set(t, filepath.Join(f.orig, "sub"))
 		r := runBin(t, bin, "commit", f.mnt)
 		assertFailure(t, r, exitCommitFailed, "operation not permitted")
 		assert.Contains(t, r.stderr, "may be immutable or append-only: 'lsattr -d PATH' shows it")

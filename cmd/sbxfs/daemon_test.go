@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/internal/immutable"
 	"github.com/sbxfs/sbxfs/internal/shellwriter"
 	"github.com/sbxfs/sbxfs/manager"
 )
@@ -421,7 +422,7 @@ func TestManagedRunCommitRefusedByTheFileSystem(t *testing.T) {
 	e := newManagedEnv(t)
 	o := e.original("o")
 	require.NoError(t, os.Mkdir(filepath.Join(o, "sub"), 0o755))
-	undo := immutable(t, filepath.Join(o, "sub"))
+	undo := immutable.Set(t, filepath.Join(o, "sub"))
 	r := e.sbxfs("run", "--commit-on-success", "--json", o, "--", "sh", "-c", "echo new > sub/new")
 	assertFailure(t, r, exitCommitFailed, "operation not permitted")
 	assert.Contains(t, r.stderr, "may be immutable or append-only")
