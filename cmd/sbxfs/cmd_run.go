@@ -28,6 +28,17 @@ stdin, stdout and stderr passed through. Then, with --commit-on-success
 and when CMD exited 0, commits its changes to ORIGINAL; otherwise destroys
 the sandbox: ORIGINAL is unchanged.
 
+With --in-place CMD sees the sandbox at ORIGINAL's own path: a mount
+namespace of its own binds the mount over ORIGINAL for CMD and what it
+starts, nothing else (the rest of the machine still sees ORIGINAL). Tools
+that record their own paths (a virtual environment's scripts, a build
+directory's cache) then record ORIGINAL's, which hold once the changes are
+committed there. As a user other than root it needs unprivileged user
+namespaces (CMD then sees files of other users as owned by nobody).
+Processes CMD leaves behind in its namespace keep a committed sandbox
+mounted (empty), as a process left in the mount does; after a destroy
+they are cut off (ENOTCONN).
+
 Exits with CMD's status (128+N when signal N killed it; 127 when it could
 not be started), or with sbxfs's own code when sbxfs fails (7: the commit
 met conflicts; the sandbox is then kept, mounted, to settle with 'sbxfs
@@ -40,6 +51,7 @@ stdout after CMD's output.`,
 			&cli.BoolFlag{Name: "commit-on-success", Usage: "commit the changes when CMD exits 0"},
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`"},
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON summary after CMD's output"},
+			&cli.BoolFlag{Name: "in-place", Usage: "show the sandbox to CMD at ORIGINAL's own path (a private mount namespace)"},
 		},
 		OnUsageError: onUsageError,
 		Action:       runRun,
@@ -55,6 +67,7 @@ type runJSON struct {
 	Destroyed  bool      `json:"destroyed"`
 	Commit     *planJSON `json:"commit,omitempty"`
 	Error      string    `json:"error,omitempty"`
+	LeftBehind []int     `json:"left_behind,omitempty"` // --in-place: processes CMD left in its namespace
 }
 
 func runRun(c *cli.Context) error {
@@ -75,7 +88,9 @@ func runRun(c *cli.Context) error {
 		return err
 	}
 	out := runJSON{ID: sb.ID, Mountpoint: sb.Mountpoint}
-	out.ExitCode = runInSandbox(c, sb, argv)
+	var left []int
+	out.ExitCode, left = runInSandbox(c, sb, argv)
+	out.LeftBehind = left
 	// A new connection: the daemon may have been restarted meanwhile.
 	err = withDaemon(c, func(d *manager.Daemon, _ string) error {
 		return endRun(c, d, root, sb, argv, &out)
@@ -116,13 +131,22 @@ func runArgs(c *cli.Context) (string, []string, error) {
 	return orig, args[1:], nil
 }
 
-// runInSandbox runs argv inside sb's mount and returns its exit status.
-func runInSandbox(c *cli.Context, sb manager.Sandbox, argv []string) int {
+// runInSandbox runs argv inside sb's mount and returns its exit status
+// and, with --in-place, the processes it left in its mount namespace.
+func runInSandbox(c *cli.Context, sb manager.Sandbox, argv []string) (int, []int) {
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = sb.Mountpoint
-	if wd, err := filepath.EvalSymlinks("."); err == nil && within(wd, sb.Original) {
-		rel, _ := filepath.Rel(sb.Original, wd)
-		cmd.Dir = filepath.Join(sb.Mountpoint, rel)
+	if c.Bool("in-place") {
+		var err error
+		if cmd, err = inPlaceCommand(inPlaceSpec{Mountpoint: sb.Mountpoint, Original: sb.Original, Dir: inPlaceDir(sb.Original)}, argv); err != nil {
+			fmt.Fprintf(c.App.ErrWriter, "sbxfs: run --in-place: %v\n", err)
+			return 126, nil
+		}
+	} else {
+		cmd.Dir = sb.Mountpoint
+		if wd := workingDir(); wd != "" && within(wd, sb.Original) {
+			rel, _ := filepath.Rel(sb.Original, wd)
+			cmd.Dir = filepath.Join(sb.Mountpoint, rel)
+		}
 	}
 	cmd.Env = append(cmd.Environ(), "SBXFS_SANDBOX="+sb.ID, "SBXFS_MOUNTPOINT="+sb.Mountpoint)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
@@ -132,10 +156,24 @@ func runInSandbox(c *cli.Context, sb manager.Sandbox, argv []string) int {
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(c.App.ErrWriter, "sbxfs: run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return 127
+			return 127, nil
 		}
-		return 126
+		return 126, nil
 	}
+	var ns string
+	if c.Bool("in-place") {
+		ns = mountNamespace(cmd.Process.Pid)
+	}
+	status := waitCommand(cmd, sigs)
+	if ns == "" {
+		return status, nil
+	}
+	return status, processesIn(ns)
+}
+
+// waitCommand waits for cmd, passing SIGTERM and SIGHUP on, and returns
+// its exit status (128+N when signal N killed it).
+func waitCommand(cmd *exec.Cmd, sigs <-chan os.Signal) int {
 	done := make(chan struct{})
 	go func() {
 		for {
@@ -172,7 +210,10 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		if msg == "" {
 			msg = "sbxfs run " + strings.Join(argv, " ")
 		}
-		res, err := d.Commit(manager.Target{ID: sb.ID}, manager.CommitOptions{Message: msg})
+		// Processes left in CMD's namespace use the sandbox through a copy
+		// of its mount that the unmount would cut off: keep it mounted.
+		keep := len(out.LeftBehind) > 0
+		res, err := d.Commit(manager.Target{ID: sb.ID}, manager.CommitOptions{Message: msg, Keep: keep})
 		j := toPlanJSON(res)
 		out.Commit, out.Committed = &j, err == nil
 		if err != nil && errors.Is(err, commit.ErrConflict) {
@@ -182,6 +223,11 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		if err != nil {
 			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs commit %s' once the cause is settled, or 'sbxfs destroy %s'",
 				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID)
+		}
+		if keep {
+			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still runs in its namespace (pid %s): the sandbox %s stays mounted at %s, empty; 'sbxfs destroy %s' when it is done\n",
+				joinInts(out.LeftBehind), sb.ID, sb.Mountpoint, sb.ID)
+			return nil
 		}
 		if len(res.StillMounted) > 0 {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still uses %s: the sandbox %s stays mounted there, empty; 'sbxfs destroy %s' when it is done\n", sb.Mountpoint, sb.ID, sb.ID)
@@ -200,4 +246,26 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		return daemonFailure(err, root, exitInternal)
 	}
 	return nil
+}
+
+// joinInts joins ns with commas.
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// workingDir is the current directory with its symlinks resolved, "" when
+// it cannot be found.
+func workingDir() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	if wd, err = filepath.EvalSymlinks(wd); err != nil {
+		return ""
+	}
+	return wd
 }

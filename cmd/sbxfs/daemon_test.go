@@ -356,6 +356,27 @@ func TestManagedRunLeavesAProcessBehind(t *testing.T) {
 	assert.Len(t, active, 1)
 }
 
+// TestManagedRunFromASubdirectory: run from a directory inside ORIGINAL
+// starts CMD in the same directory of the mount (it started at the
+// mount's root: the current directory was taken as ".").
+func TestManagedRunFromASubdirectory(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	require.NoError(t, os.MkdirAll(filepath.Join(o, "sub", "deeper"), 0o755))
+	cmd := exec.Command(e.bin, "--state-dir", e.root, "run", "--json", o, "--", "sh", "-c", "pwd; cat ../../a.txt")
+	cmd.Dir = filepath.Join(o, "sub", "deeper")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), stderr.String())
+	lines := strings.SplitN(stdout.String(), "\n", 3)
+	require.Len(t, lines, 3, stdout.String())
+	var out runJSON
+	require.NoError(t, json.Unmarshal([]byte(lines[2]), &out), stdout.String())
+	assert.Equal(t, filepath.Join(out.Mountpoint, "sub", "deeper"), lines[0])
+	assert.Equal(t, "hello", lines[1])
+}
+
 func TestManagedRun(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)

@@ -27,6 +27,9 @@ import (
 var version = "dev"
 
 func main() {
+	if spec, ok := os.LookupEnv(inPlaceEnv); ok {
+		os.Exit(inPlaceExec(spec, os.Args[1:], os.Stderr)) // becomes CMD of 'sbxfs run --in-place'
+	}
 	closeStrayFds()
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }

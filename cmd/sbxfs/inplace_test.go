@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sbxfs/sbxfs/manager"
+)
+
+// TestManagedRunInPlace: 'sbxfs run --in-place' shows the sandbox to CMD
+// at ORIGINAL's own path, and nowhere else: what CMD records of its paths
+// (its working directory, a virtual environment's scripts) names ORIGINAL
+// and holds after the commit, while the rest of the machine sees ORIGINAL
+// unchanged until then. Not parallel: CMD's namespace holds a copy of
+// every mount there is.
+func TestManagedRunInPlace(t *testing.T) {
+	e := newManagedEnv(t)
+	o := e.original("o")
+	require.NoError(t, os.Mkdir(filepath.Join(o, "sub"), 0o755))
+
+	// From sub, CMD starts in sub at its own path; the process that ran
+	// 'sbxfs run' (outside the namespace) does not see the change.
+	script := `pwd; echo "$PWD" > where; cat ../a.txt; echo new > ../b.txt
+test ! -e "/proc/$PPID/root$1/b.txt" && echo host-unchanged
+grep -c " $1 " /proc/self/mountinfo`
+	cmd := exec.Command(e.bin, "--state-dir", e.root, "run", "--in-place", "--commit-on-success", "--json", o, "--", "sh", "-c", script, "sh", o)
+	cmd.Dir = filepath.Join(o, "sub")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), stderr.String())
+	lines := strings.Split(stdout.String(), "\n")
+	require.GreaterOrEqual(t, len(lines), 4, stdout.String())
+	assert.Equal(t, filepath.Join(o, "sub"), lines[0], "CMD works at the original's path")
+	assert.Equal(t, "hello", lines[1], "and sees the original's files there")
+	assert.Equal(t, "host-unchanged", lines[2], "the machine outside CMD's namespace sees the original")
+	assert.Equal(t, "1", lines[3], "one mount at the original's path in CMD's namespace: the sandbox")
+	var out runJSON
+	require.NoError(t, json.Unmarshal([]byte(strings.Join(lines[4:], "\n")), &out), stdout.String())
+	assert.True(t, out.Committed)
+	assert.Empty(t, out.LeftBehind)
+	assertFile(t, filepath.Join(o, "sub", "where"), filepath.Join(o, "sub")+"\n")
+	assertFile(t, filepath.Join(o, "b.txt"), "new\n")
+	assert.False(t, isMounted(t, o), "the bind never reached this namespace")
+
+	t.Run("venv", func(t *testing.T) {
+		if err := exec.Command("python3", "-m", "venv", "--without-pip", filepath.Join(t.TempDir(), "v")).Run(); err != nil {
+			t.Skipf("python3 -m venv does not work here: %v", err)
+		}
+		r := e.sbxfs("run", "--in-place", "--commit-on-success", o, "--", "python3", "-m", "venv", "--without-pip", "venv")
+		require.Equal(t, 0, r.code, r.stderr)
+		activate, err := os.ReadFile(filepath.Join(o, "venv", "bin", "activate"))
+		require.NoError(t, err)
+		assert.Contains(t, string(activate), filepath.Join(o, "venv"), "the committed venv names where it lies")
+		got, err := exec.Command(filepath.Join(o, "venv", "bin", "python"), "-c", "import sys; print(sys.prefix)").Output()
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(o, "venv"), strings.TrimSpace(string(got)), "and works there")
+	})
+
+	t.Run("left behind", func(t *testing.T) {
+		// A process CMD leaves in its namespace uses the sandbox through
+		// a copy of the mount: the commit keeps the sandbox mounted
+		// rather than cut it off.
+		pidFile := filepath.Join(e.base, "pid")
+		r := e.sbxfs("run", "--in-place", "--commit-on-success", "--json", o, "--",
+			"sh", "-c", "echo hi > f; sleep 60 </dev/null >/dev/null 2>&1 & echo $! > "+pidFile)
+		var pid int
+		if b, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		t.Cleanup(func() {
+			if pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		})
+		require.Equal(t, 0, r.code, r.stderr)
+		assertFile(t, filepath.Join(o, "f"), "hi\n")
+		assert.Contains(t, r.stderr, "committed, but something CMD started still runs in its namespace (pid "+strconv.Itoa(pid)+")")
+		var out runJSON
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		assert.Equal(t, []int{pid}, out.LeftBehind)
+		sb := e.list()[out.ID]
+		assert.Equal(t, manager.Active, sb.State)
+		assert.True(t, sb.Mounted, "it stays mounted")
+		_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid), "cwd", "f"))
+		assert.NoError(t, err, "what is left behind still works in the (reset) sandbox")
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		r = e.sbxfs("destroy", out.ID)
+		require.Equal(t, 0, r.code, r.stderr)
+	})
+
+	t.Run("not found", func(t *testing.T) {
+		r := e.sbxfs("run", "--in-place", o, "--", "no-such-command-sbxfs")
+		assert.Equal(t, 127, r.code, r.stderr)
+		assert.Contains(t, r.stderr, "no-such-command-sbxfs")
+	})
+}
