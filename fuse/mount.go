@@ -102,11 +102,11 @@ func Mount(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("%w at %s: %v", ErrMount, cfg.Mountpoint, err)
 	}
 	fsys.startFlusher()
-	raiseReadahead(cfg.Mountpoint)
 	s := &Server{srv: srv, uring: uring, dev: dev, fs: fsys, layers: l, mnt: cfg.Mountpoint}
 	var st unix.Stat_t
 	if unix.Stat(cfg.Mountpoint, &st) == nil {
 		s.stDev = st.Dev
+		raiseReadahead(st.Dev)
 	}
 	return s, nil
 }
@@ -215,12 +215,11 @@ const readaheadKB = 1024
 
 // raiseReadahead sets the mount's readahead through sysfs (root only;
 // without it the kernel's default stays).
-func raiseReadahead(mnt string) {
-	var st unix.Stat_t
-	if os.Geteuid() != 0 || unix.Stat(mnt, &st) != nil {
+func raiseReadahead(dev uint64) {
+	if os.Geteuid() != 0 {
 		return
 	}
-	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(dev), unix.Minor(dev))
 	_ = os.WriteFile(p, []byte(strconv.Itoa(readaheadKB)), 0)
 }
 
