@@ -74,6 +74,18 @@ func (r *readyPipe) send(line string) {
 	r.f = nil
 }
 
+// logLimit is the size past which a log is set aside (as LOG.1, replacing
+// the one before) when a server starts: a daemon's log would otherwise
+// grow with every sandbox it ever served.
+const logLimit = 16 << 20
+
+// rotateLog sets the log at logPath aside when it has grown past logLimit.
+func rotateLog(logPath string) {
+	if st, err := os.Lstat(logPath); err == nil && st.Mode().IsRegular() && st.Size() > logLimit {
+		_ = os.Rename(logPath, logPath+".1")
+	}
+}
+
 // startBackground starts args (argv of the foreground form) as a detached
 // child serving the mount, with its output appended to logPath, and waits
 // until the mount is live or has failed.
@@ -83,6 +95,7 @@ func startBackground(args []string, logPath string) error {
 		return fmt.Errorf("ready pipe: %w", err)
 	}
 	defer rd.Close()
+	rotateLog(logPath)
 	// Never through a symlink (planted, it would have the server append
 	// to some other file), never blocking on a FIFO.
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)

@@ -463,6 +463,23 @@ func TestManagedRunCommitRefusedByTheFileSystem(t *testing.T) {
 	assertFile(t, filepath.Join(o, "sub", "new"), "new\n")
 }
 
+// TestDaemonLogIsSetAside: a daemon that starts with a log past
+// logLimit sets it aside as daemon.log.1 and begins a new one.
+func TestDaemonLogIsSetAside(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	require.NoError(t, os.MkdirAll(e.root, 0o700))
+	log := filepath.Join(e.root, "daemon.log")
+	old := strings.Repeat("an old line of the daemon's log\n", logLimit/32+1)
+	require.NoError(t, os.WriteFile(log, []byte(old), 0o600))
+	e.list() // starts the daemon
+	assertFile(t, log+".1", old)
+	st, err := os.Stat(log)
+	require.NoError(t, err)
+	assert.Less(t, st.Size(), int64(64<<10), "a new log")
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+}
+
 func TestDaemonRestart(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)
