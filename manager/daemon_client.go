@@ -143,6 +143,19 @@ func SandboxAtMountpoint(stateRoot, mnt string) (id string, ok bool) {
 	return best.ID, true
 }
 
+// RecordedMountpoint returns the mountpoint recorded for the sandbox id
+// of stateRoot, read from its record on disk without asking the daemon.
+func RecordedMountpoint(stateRoot, id string) (string, bool) {
+	if !validID(id) {
+		return "", false
+	}
+	r, err := readRecord(filepath.Join(stateRoot, "sandboxes", id))
+	if err != nil {
+		return "", false
+	}
+	return r.Mountpoint, true
+}
+
 // ValidID reports whether s has the form of a sandbox id (16 lowercase
 // hex digits).
 func ValidID(s string) bool { return validID(s) }

@@ -45,10 +45,17 @@ func runCreate(c *cli.Context) error {
 			return failf(exitBadPath, "mountpoint %q: %v; give an absolute path", args[1], err)
 		}
 	}
+	o.Original = daemonPath(o.Original) // as the daemon sees it (run --in-place)
+	if o.Mountpoint != "" {
+		o.Mountpoint = daemonPath(o.Mountpoint)
+	}
 	return withDaemon(c, func(d *manager.Daemon, root string) error {
 		sb, err := d.Create(o)
 		if err != nil {
 			return daemonFailure(err, root, exitMountFailed)
+		}
+		if !seenHere(sb) {
+			fmt.Fprintf(c.App.ErrWriter, "sbxfs: warning: %s\n", notSeenHere(sb))
 		}
 		if c.Bool("json") {
 			return printJSON(c.App.Writer, manager.Info(sb))

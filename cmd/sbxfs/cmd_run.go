@@ -37,7 +37,8 @@ committed there. As a user other than root it needs unprivileged user
 namespaces (CMD then sees files of other users as owned by nobody).
 Processes CMD leaves behind in its namespace keep a committed sandbox
 mounted (empty), as a process left in the mount does; after a destroy
-they are cut off (ENOTCONN).
+they are cut off (ENOTCONN). A managed sandbox CMD makes of a path in
+ORIGINAL is nested in CMD's sandbox: its commit lands there.
 
 Exits with CMD's status (128+N when signal N killed it; 127 when it could
 not be started), or with sbxfs's own code when sbxfs fails (7: the commit
@@ -81,15 +82,22 @@ func runRun(c *cli.Context) error {
 	}
 	var sb manager.Sandbox
 	err = withDaemon(c, func(d *manager.Daemon, root string) error {
-		sb, err = d.Create(manager.CreateOptions{Plan: c.String("plan"), Name: c.String("name"), Original: orig})
-		return daemonFailure(err, root, exitMountFailed)
+		sb, err = d.Create(manager.CreateOptions{Plan: c.String("plan"), Name: c.String("name"), Original: daemonPath(orig)})
+		if err != nil {
+			return daemonFailure(err, root, exitMountFailed)
+		}
+		if !seenHere(sb) {
+			_, _ = d.Destroy(manager.Target{ID: sb.ID})
+			return failf(exitMountFailed, "%s; nothing was run", notSeenHere(sb))
+		}
+		return nil
 	})
 	if err != nil {
 		return err
 	}
 	out := runJSON{ID: sb.ID, Mountpoint: sb.Mountpoint}
 	var left []int
-	out.ExitCode, left = runInSandbox(c, sb, argv)
+	out.ExitCode, left = runInSandbox(c, sb, orig, argv)
 	out.LeftBehind = left
 	// A new connection: the daemon may have been restarted meanwhile.
 	err = withDaemon(c, func(d *manager.Daemon, _ string) error {
@@ -128,23 +136,28 @@ func runArgs(c *cli.Context) (string, []string, error) {
 	if err != nil {
 		return "", nil, failf(exitBadPath, "original %q: %v; give an absolute path", args[0], err)
 	}
+	if r, err := filepath.EvalSymlinks(orig); err == nil {
+		orig = r // as the daemon records it (a missing one it refuses)
+	}
 	return orig, args[1:], nil
 }
 
 // runInSandbox runs argv inside sb's mount and returns its exit status
 // and, with --in-place, the processes it left in its mount namespace.
-func runInSandbox(c *cli.Context, sb manager.Sandbox, argv []string) (int, []int) {
+// orig is the original as this process sees it (sb.Original is the
+// daemon's view: daemonPath).
+func runInSandbox(c *cli.Context, sb manager.Sandbox, orig string, argv []string) (int, []int) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	if c.Bool("in-place") {
 		var err error
-		if cmd, err = inPlaceCommand(inPlaceSpec{Mountpoint: sb.Mountpoint, Original: sb.Original, Dir: inPlaceDir(sb.Original)}, argv); err != nil {
+		if cmd, err = inPlaceCommand(inPlaceSpec{Mountpoint: sb.Mountpoint, Original: orig, Dir: inPlaceDir(orig)}, argv); err != nil {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: run --in-place: %v\n", err)
 			return 126, nil
 		}
 	} else {
 		cmd.Dir = sb.Mountpoint
-		if wd := workingDir(); wd != "" && within(wd, sb.Original) {
-			rel, _ := filepath.Rel(sb.Original, wd)
+		if wd := workingDir(); wd != "" && within(wd, orig) {
+			rel, _ := filepath.Rel(orig, wd)
 			cmd.Dir = filepath.Join(sb.Mountpoint, rel)
 		}
 	}

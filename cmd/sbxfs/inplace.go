@@ -6,10 +6,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/manager"
 )
 
 // 'sbxfs run --in-place' shows the sandbox to CMD at ORIGINAL's own path,
@@ -30,10 +34,11 @@ type inPlaceSpec struct {
 }
 
 // inPlaceCommand is the process that becomes argv with the sandbox bound
-// over its original. As root it has a mount namespace of its own (Go makes
-// its mounts private, so the bind stays there); otherwise a user namespace
-// too, mapping only the user's own ids, with CAP_SYS_ADMIN there kept
-// across execve for the bind (its mounts are slaves of the machine's).
+// over its original. It has a mount namespace of its own, whose mounts it
+// makes slaves of the machine's (the bind stays there; the machine's
+// mounts still arrive); as a user other than root a user namespace too,
+// mapping only the user's own ids, with CAP_SYS_ADMIN there kept across
+// execve for the bind.
 func inPlaceCommand(spec inPlaceSpec, argv []string) (*exec.Cmd, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -46,7 +51,10 @@ func inPlaceCommand(spec inPlaceSpec, argv []string) (*exec.Cmd, error) {
 	cmd := exec.Command(self, argv...)
 	cmd.Env = append(os.Environ(), inPlaceEnv+"="+string(b))
 	if os.Geteuid() == 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		// Cloneflags, not Unshareflags: Go would make every mount private,
+		// and mounts the daemon makes later (a sandbox CMD creates) would
+		// not reach CMD. inPlaceExec makes them slaves instead.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	} else {
 		uid, gid := os.Getuid(), os.Getgid()
 		cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -72,6 +80,12 @@ func inPlaceExec(specJSON string, argv []string, stderr io.Writer) int {
 	var spec inPlaceSpec
 	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil || len(argv) == 0 {
 		fmt.Fprintf(stderr, "sbxfs: run --in-place: bad request from the parent (%v)\n", err)
+		return 126
+	}
+	// Slaves: the machine's mounts and unmounts still reach CMD, and
+	// nothing mounted here (the bind first) reaches the machine.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		fmt.Fprintf(stderr, "sbxfs: run --in-place: make the mounts of CMD's namespace slaves: %v; run without --in-place\n", err)
 		return 126
 	}
 	if err := unix.Mount(spec.Mountpoint, spec.Original, "", unix.MS_BIND, ""); err != nil {
@@ -153,4 +167,64 @@ func dropInheritable() error {
 	}
 	data[0].Inheritable, data[1].Inheritable = 0, 0
 	return unix.Capset(&hdr, &data[0])
+}
+
+// daemonPath gives the absolute path p of this process's mount namespace
+// as the daemon sees it. In CMD's namespace of 'sbxfs run --in-place' a
+// managed sandbox's mount is bound over its original, where the daemon
+// (as every process outside) sees the original itself: a sandbox created
+// there from a path in it would sandbox the original and commit straight
+// to it, past the sandbox CMD works in. Through the sandbox's recorded
+// mountpoint it is a sandbox of that sandbox (nested) instead.
+func daemonPath(p string) string {
+	rp, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		rp = p
+	}
+	mounts, err := fsutil.ReadMountinfo()
+	if err != nil {
+		return p
+	}
+	var under *fsutil.MountEntry // the mount rp lies in: the deepest, the last of equals
+	for i := range mounts {
+		if within(rp, mounts[i].Mountpoint) && (under == nil || len(mounts[i].Mountpoint) >= len(under.Mountpoint)) {
+			under = &mounts[i]
+		}
+	}
+	if under == nil || !isSbxfs(under) {
+		return p
+	}
+	root, id := managedWork(under.Source)
+	if id == "" {
+		return p
+	}
+	mnt, ok := manager.RecordedMountpoint(root, id)
+	if !ok || mnt == under.Mountpoint {
+		return p
+	}
+	rel, err := filepath.Rel(under.Mountpoint, rp)
+	if err != nil {
+		return p
+	}
+	return filepath.Join(mnt, under.Root, rel)
+}
+
+// seenHere reports whether the mount of the managed sandbox sb is seen in
+// this process's mount namespace. The daemon mounts in its own: a process
+// in a namespace of its own (CMD of 'sbxfs run --in-place') sees mounts
+// made after its namespace was only where the machine's mounts propagate
+// (shared, as systemd makes them).
+func seenHere(sb manager.Sandbox) bool {
+	mounts, err := fsutil.ReadMountinfo()
+	if err != nil {
+		return true // nothing to tell by
+	}
+	e := fsutil.MountAt(mounts, sb.Mountpoint)
+	return e != nil && isSbxfs(e) && e.Source == sb.Work
+}
+
+// notSeenHere says why a sandbox's mount is not seen here.
+func notSeenHere(sb manager.Sandbox) string {
+	return fmt.Sprintf("the daemon mounted the sandbox %s at %s, but this process's mount namespace does not see that mount (it is a namespace of its own, as CMD of 'sbxfs run --in-place' has, and the machine's mounts are private, not shared as systemd makes them): use it from outside this namespace",
+		sb.ID, sb.Mountpoint)
 }

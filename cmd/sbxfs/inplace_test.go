@@ -12,7 +12,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -101,5 +103,67 @@ grep -c " $1 " /proc/self/mountinfo`
 		r := e.sbxfs("run", "--in-place", o, "--", "no-such-command-sbxfs")
 		assert.Equal(t, 127, r.code, r.stderr)
 		assert.Contains(t, r.stderr, "no-such-command-sbxfs")
+	})
+}
+
+// TestManagedRunInPlaceNested: a sandbox made inside 'sbxfs run
+// --in-place' from a path CMD sees (the original's) is a sandbox of the
+// sandbox CMD works in, not of the original: its commit lands in CMD's
+// sandbox, and the original changes only when that one is committed (it
+// went straight to the original, past the sandbox CMD worked in). The
+// daemon's mount of it reaches CMD's namespace where the machine's mounts
+// propagate (shared, as systemd makes them: emulated here by a shared
+// STATE/mnt); where they do not, run says so and runs nothing.
+func TestManagedRunInPlaceNested(t *testing.T) {
+	inner := `"$1" --state-dir "$2" run --commit-on-success . -- sh -c 'echo inner > inner.txt' || exit 1
+cat inner.txt
+test ! -e "/proc/$PPID/root$PWD/inner.txt" && echo original-unchanged
+"$1" --state-dir "$2" create --json . > "$3" || exit 1
+"$1" --state-dir "$2" destroy "$(sed -n 's/.*"id": "\(.*\)".*/\1/p' "$3")" > /dev/null || exit 1`
+	t.Run("shared", func(t *testing.T) {
+		e := newManagedEnv(t)
+		mnt := filepath.Join(e.root, "mnt")
+		require.NoError(t, os.MkdirAll(mnt, 0o700))
+		require.NoError(t, unix.Mount(mnt, mnt, "", unix.MS_BIND, ""))
+		t.Cleanup(func() { // before the env's cleanup, which wants nothing mounted in it
+			e.kill(syscall.SIGTERM)
+			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		})
+		require.NoError(t, unix.Mount("", mnt, "", unix.MS_SHARED, ""))
+		o := e.original("o")
+		created := filepath.Join(e.base, "created.json")
+		r := e.sbxfs("run", "--in-place", "--commit-on-success", "--json", o, "--", "sh", "-c", inner, "sh", e.bin, e.root, created)
+		require.Equal(t, 0, r.code, r.stderr)
+		lines := strings.SplitN(r.stdout, "\n", 3)
+		require.Len(t, lines, 3, r.stdout)
+		assert.Equal(t, "inner", lines[0], "CMD sees what the inner sandbox committed")
+		assert.Equal(t, "original-unchanged", lines[1], "which went into CMD's sandbox, not the original")
+		assertFile(t, filepath.Join(o, "inner.txt"), "inner\n")
+
+		// The sandbox CMD created (and destroyed) was nested in CMD's.
+		b, err := os.ReadFile(created)
+		require.NoError(t, err)
+		var child manager.SandboxInfo
+		require.NoError(t, json.Unmarshal(b, &child), string(b))
+		var out runJSON
+		require.NoError(t, json.Unmarshal([]byte(lines[2]), &out), r.stdout)
+		assert.Equal(t, e.list()[out.ID].Mountpoint, child.Original, "the child's original is the parent's mount")
+	})
+	t.Run("private", func(t *testing.T) {
+		es, err := fsutil.ReadMountinfo()
+		require.NoError(t, err)
+		if root := fsutil.MountAt(es, "/"); root == nil || strings.Contains(root.Options, "shared") {
+			t.Skip("this machine's mounts are shared: the daemon's mounts reach every namespace")
+		}
+		e := newManagedEnv(t)
+		o := e.original("o")
+		r := e.sbxfs("run", "--in-place", "--commit-on-success", o, "--", "sh", "-c", inner, "sh", e.bin, e.root, filepath.Join(e.base, "created.json"))
+		assert.Equal(t, 1, r.code, r.stderr)
+		assert.Contains(t, r.stderr, "this process's mount namespace does not see that mount")
+		assert.Contains(t, r.stderr, "nothing was run")
+		assert.NoFileExists(t, filepath.Join(o, "inner.txt"))
+		for _, sb := range e.list() {
+			assert.NotEqual(t, manager.Active, sb.State, "no sandbox is left active: %s", sb.ID)
+		}
 	})
 }
