@@ -118,26 +118,29 @@ func TestManagedRunInPlaceNested(t *testing.T) {
 	inner := `"$1" --state-dir "$2" run --commit-on-success . -- sh -c 'echo inner > inner.txt' || exit 1
 cat inner.txt
 test ! -e "/proc/$PPID/root$PWD/inner.txt" && echo original-unchanged
+grep -c " $PWD " "/proc/$PPID/mountinfo"
 "$1" --state-dir "$2" create --json . > "$3" || exit 1
 "$1" --state-dir "$2" destroy "$(sed -n 's/.*"id": "\(.*\)".*/\1/p' "$3")" > /dev/null || exit 1`
 	t.Run("shared", func(t *testing.T) {
 		e := newManagedEnv(t)
-		mnt := filepath.Join(e.root, "mnt")
-		require.NoError(t, os.MkdirAll(mnt, 0o700))
-		require.NoError(t, unix.Mount(mnt, mnt, "", unix.MS_BIND, ""))
+		// The test's directory a shared mount, as a systemd machine's
+		// are: the daemon's mounts in STATE/mnt reach CMD, and the bind
+		// over o would reach this namespace if CMD's were not slaves.
+		require.NoError(t, unix.Mount(e.base, e.base, "", unix.MS_BIND, ""))
 		t.Cleanup(func() { // before the env's cleanup, which wants nothing mounted in it
 			e.kill(syscall.SIGTERM)
-			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+			_ = unix.Unmount(e.base, unix.MNT_DETACH)
 		})
-		require.NoError(t, unix.Mount("", mnt, "", unix.MS_SHARED, ""))
+		require.NoError(t, unix.Mount("", e.base, "", unix.MS_SHARED, ""))
 		o := e.original("o")
 		created := filepath.Join(e.base, "created.json")
 		r := e.sbxfs("run", "--in-place", "--commit-on-success", "--json", o, "--", "sh", "-c", inner, "sh", e.bin, e.root, created)
 		require.Equal(t, 0, r.code, r.stderr)
-		lines := strings.SplitN(r.stdout, "\n", 3)
-		require.Len(t, lines, 3, r.stdout)
+		lines := strings.SplitN(r.stdout, "\n", 4)
+		require.Len(t, lines, 4, r.stdout)
 		assert.Equal(t, "inner", lines[0], "CMD sees what the inner sandbox committed")
 		assert.Equal(t, "original-unchanged", lines[1], "which went into CMD's sandbox, not the original")
+		assert.Equal(t, "0", lines[2], "the bind over the original stays in CMD's namespace")
 		assertFile(t, filepath.Join(o, "inner.txt"), "inner\n")
 
 		// The sandbox CMD created (and destroyed) was nested in CMD's.
@@ -146,7 +149,7 @@ test ! -e "/proc/$PPID/root$PWD/inner.txt" && echo original-unchanged
 		var child manager.SandboxInfo
 		require.NoError(t, json.Unmarshal(b, &child), string(b))
 		var out runJSON
-		require.NoError(t, json.Unmarshal([]byte(lines[2]), &out), r.stdout)
+		require.NoError(t, json.Unmarshal([]byte(lines[3]), &out), r.stdout)
 		assert.Equal(t, e.list()[out.ID].Mountpoint, child.Original, "the child's original is the parent's mount")
 	})
 	t.Run("private", func(t *testing.T) {
