@@ -18,7 +18,9 @@
 //     of a descriptor; [IsStaleMount] tells a FUSE mount whose server is
 //     gone; [ReadMountinfo] and [MountAt] read the mount table;
 //     [FuseConnDir] names a FUSE connection in fusectl and [CutOffFuse]
-//     ends one that outlived its unmount (a copy of the mount elsewhere).
+//     ends one that outlived its unmount (a copy of the mount elsewhere);
+//     [UsedElsewhere] finds processes of other mount namespaces using a
+//     file system.
 //
 // Every error is wrapped with context and keeps its errno, so callers can
 // test it with errors.Is(err, unix.ENOSPC) or errors.As into a syscall.Errno.

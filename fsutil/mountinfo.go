@@ -174,3 +174,66 @@ func CutOffFuse(dev uint64, wait time.Duration) (bool, error) {
 	}
 	return true, nil
 }
+
+// UsedElsewhere lists the processes outside this process's mount
+// namespace that use the file system with device number dev: a working
+// directory or root in it, a descriptor or a mapping of a file of it. Such
+// a process holds a copy of the mount in its own namespace (made by
+// unshare -m, or by 'sbxfs run --in-place' for its CMD), which an unmount
+// here would not see as busy; CutOffFuse would cut it off under that
+// process. Processes it may not look at (another user's) are not listed.
+func UsedElsewhere(dev uint64) []int {
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := "/proc/" + e.Name()
+		if ns, err := os.Readlink(dir + "/ns/mnt"); err != nil || ns == self {
+			continue
+		}
+		if processUses(dir, dev) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// processUses reports whether the process of /proc directory dir has its
+// working directory, its root, a descriptor or a mapping on dev.
+func processUses(dir string, dev uint64) bool {
+	// The magic links lead to the object without a lookup, and
+	// AT_STATX_DONT_SYNC keeps a FUSE file system from being asked (one
+	// whose server hangs would hang the scan).
+	major, minor := unix.Major(dev), unix.Minor(dev)
+	on := func(p string) bool {
+		var st unix.Statx_t
+		return unix.Statx(unix.AT_FDCWD, p, unix.AT_STATX_DONT_SYNC, 0, &st) == nil &&
+			st.Dev_major == major && st.Dev_minor == minor
+	}
+	if on(dir+"/cwd") || on(dir+"/root") {
+		return true
+	}
+	if fds, err := os.ReadDir(dir + "/fd"); err == nil {
+		for _, fd := range fds {
+			if on(dir + "/fd/" + fd.Name()) {
+				return true
+			}
+		}
+	}
+	maps, err := os.ReadFile(dir + "/maps")
+	if err != nil {
+		return false
+	}
+	want := fmt.Sprintf(" %02x:%02x ", major, minor)
+	return strings.Contains(string(maps), want)
+}

@@ -1,6 +1,8 @@
 package fuse
 
 import (
+	"fmt"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -40,4 +42,19 @@ func (s *Server) CutOff() bool {
 			"mountpoint", s.mnt)
 	}
 	return cut
+}
+
+// InUseElsewhere fails with EBUSY when a process in another mount
+// namespace uses the mount (fsutil.UsedElsewhere): a copy of it there
+// (CMD's of 'sbxfs run --in-place', one made by unshare -m) keeps an
+// unmount here from failing as busy, and CutOff would pull the file
+// system from under that process. Call it before unmounting.
+func (s *Server) InUseElsewhere() error {
+	if s.stDev == 0 {
+		return nil
+	}
+	if pids := fsutil.UsedElsewhere(s.stDev); len(pids) > 0 {
+		return fmt.Errorf("unmount %s: %w: processes in another mount namespace use it (pid %v)", s.mnt, syscall.EBUSY, pids)
+	}
+	return nil
 }

@@ -306,8 +306,12 @@ func (s *Server) Wait() error {
 // change slipping in between. Once unmounted it is thawed: no process can
 // be waiting at the gate of a mount nothing uses. A copy of the mount that
 // outlives the unmount (another mount namespace's, a bind mount) is cut
-// off (CutOff): the server finishes.
+// off (CutOff): the server finishes. One that a process uses makes the
+// mount busy as a process here would (InUseElsewhere).
 func (s *Server) Unmount() error {
+	if err := s.InUseElsewhere(); err != nil {
+		return err
+	}
 	// go-fuse's Unmount waits for its own loops (io_uring, layers that
 	// may stall) to end, which a copy elsewhere would keep running.
 	done := make(chan error, 1)

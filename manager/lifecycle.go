@@ -418,6 +418,9 @@ func (m *Manager) clearMounts(r *record) error {
 // mount fails with unix.EBUSY.
 func unmountServed(mt *mount, mnt string) error {
 	if os.Geteuid() == 0 {
+		if err := mt.srv.InUseElsewhere(); err != nil {
+			return err
+		}
 		if err := unix.Unmount(mnt, 0); err != nil {
 			return fmt.Errorf("unmount %s: %w", mnt, err)
 		}

@@ -72,6 +72,11 @@ func runUnmount(c *cli.Context) error {
 			return unmountManaged(d, root, id, mnt, lazy)
 		}
 	}
+	if !lazy {
+		if pids := fsutil.UsedElsewhere(e.Dev); len(pids) > 0 {
+			return failf(exitBusy, "mount is busy: processes in another mount namespace use it (pid %v): end them, or use --lazy", pids)
+		}
+	}
 	if err := unmount(mnt, lazy); err != nil {
 		return err
 	}

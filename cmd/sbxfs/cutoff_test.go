@@ -19,11 +19,21 @@ import (
 // path through which that namespace's view of the file system is seen.
 func holdACopy(t *testing.T) string {
 	t.Helper()
+	other, _ := holdACopyFrom(t, "")
+	return other
+}
+
+// holdACopyFrom is holdACopy with the process's working directory at dir
+// in its namespace ("": the test's); stop ends the process.
+func holdACopyFrom(t *testing.T, dir string) (other string, stop func()) {
+	t.Helper()
 	cmd := exec.Command("sleep", "600")
+	cmd.Dir = dir                                                             // entered in the new namespace
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // Go makes / rprivate there
 	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return fmt.Sprintf("/proc/%d/root", cmd.Process.Pid)
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	t.Cleanup(stop)
+	return fmt.Sprintf("/proc/%d/root", cmd.Process.Pid), stop
 }
 
 // assertCutOff checks that the copy of a mount seen at p answers ENOTCONN
@@ -60,6 +70,25 @@ func TestACopyOfTheMountElsewhere(t *testing.T) {
 		assert.False(t, isMounted(t, f.mnt))
 		assert.NoDirExists(t, f.dir, "the sandbox is removed")
 		assertCutOff(t, other+f.mnt)
+	})
+	t.Run("in use there", func(t *testing.T) {
+		// A process working in the copy makes the mount busy, as one
+		// working here would: the commit goes through and the mount stays
+		// up, empty, for that process.
+		bin, f := mountedFixture(t)
+		writeFile(t, filepath.Join(f.mnt, "a.txt"), "mine\n")
+		other, stop := holdACopyFrom(t, f.mnt)
+		r := runBin(t, bin, "commit", f.mnt)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, r.stderr, "is busy: it stays mounted over the updated original with an empty sandbox")
+		assertFile(t, filepath.Join(f.orig, "a.txt"), "mine\n")
+		assert.True(t, isMounted(t, f.mnt))
+		assertFile(t, other+f.mnt+"/a.txt", "mine\n") // the copy still answers
+		r = runBin(t, bin, "unmount", f.mnt)
+		assertFailure(t, r, exitBusy, "processes in another mount namespace use it")
+		stop()
+		r = runBin(t, bin, "unmount", f.mnt)
+		require.Equal(t, 0, r.code, r.stderr)
 	})
 	t.Run("unmount and mount again", func(t *testing.T) {
 		bin, f := mountedFixture(t)

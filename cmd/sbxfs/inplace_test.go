@@ -99,6 +99,18 @@ grep -c " $1 " /proc/self/mountinfo`
 		require.Equal(t, 0, r.code, r.stderr)
 	})
 
+	t.Run("commit from inside", func(t *testing.T) {
+		// CMD commits its own sandbox: CMD works in it (in its copy of
+		// the mount), so the sandbox stays mounted, empty, and CMD goes on.
+		script := `echo x > x.txt; "$1" --state-dir "$2" commit "$SBXFS_SANDBOX" || exit 1
+cat x.txt && echo y > y.txt`
+		r := e.sbxfs("run", "--in-place", "--commit-on-success", o, "--", "sh", "-c", script, "sh", e.bin, e.root)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Regexp(t, "^committed [0-9a-f]{16}\nx\n$", r.stdout, "CMD goes on after its commit")
+		assertFile(t, filepath.Join(o, "x.txt"), "x\n")
+		assertFile(t, filepath.Join(o, "y.txt"), "y\n")
+	})
+
 	t.Run("not found", func(t *testing.T) {
 		r := e.sbxfs("run", "--in-place", o, "--", "no-such-command-sbxfs")
 		assert.Equal(t, 127, r.code, r.stderr)
