@@ -28,8 +28,9 @@ func holdACopy(t *testing.T) string {
 func holdACopyFrom(t *testing.T, dir string) (other string, stop func()) {
 	t.Helper()
 	cmd := exec.Command("sleep", "600")
-	cmd.Dir = dir                                                             // entered in the new namespace
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // Go makes / rprivate there
+	// Go makes / rprivate in the new namespace, then enters dir there.
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	require.NoError(t, cmd.Start())
 	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	t.Cleanup(stop)
