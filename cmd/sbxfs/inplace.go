@@ -102,6 +102,7 @@ func inPlaceExec(specJSON string, argv []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sbxfs: run %s: %v\n", argv[0], err)
 		return 126
 	}
+	os.Setenv("PWD", spec.Dir) // the parent's is where sbxfs run was started
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		fmt.Fprintf(stderr, "sbxfs: run %s: %v\n", argv[0], err)

@@ -111,6 +111,13 @@ cat x.txt && echo y > y.txt`
 		assertFile(t, filepath.Join(o, "y.txt"), "y\n")
 	})
 
+	t.Run("PWD", func(t *testing.T) {
+		// No shell between: CMD's environment says where it starts.
+		r := e.sbxfs("run", "--in-place", o, "--", "env")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, strings.Split(r.stdout, "\n"), "PWD="+o)
+	})
+
 	t.Run("not found", func(t *testing.T) {
 		r := e.sbxfs("run", "--in-place", o, "--", "no-such-command-sbxfs")
 		assert.Equal(t, 127, r.code, r.stderr)
