@@ -73,6 +73,7 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"status with an unknown flag", []string{"status", "--yaml", plain}, exitUsage, "yaml"},
 		{"status of a file", []string{"status", file}, exitNotSbxfs, "not an sbxfs mount or sandbox"},
 		{"status of an empty path", []string{"status", ""}, exitUsage, "is empty"},
+		{"status of an unknown id", []string{"status", "0123456789abcdef"}, exitNotSbxfs, "no sandbox 0123456789abcdef"},
 		// diff
 		{"diff without arguments", []string{"diff"}, exitUsage, "MOUNTPOINT|DIR"},
 		{"diff with two forms", []string{"diff", "--stat", "--json", plain}, exitUsage, "exclude one another"},
@@ -80,6 +81,7 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"diff with a non-number context", []string{"diff", "-U", "many", plain}, exitUsage, "many"},
 		{"diff of a missing path", []string{"diff", missing}, exitBadPath, "does not exist"},
 		{"diff of a plain directory", []string{"diff", plain}, exitNotSbxfs, "not an sbxfs mount or sandbox"},
+		{"diff of an unknown id", []string{"diff", "0123456789abcdef"}, exitNotSbxfs, "no sandbox 0123456789abcdef"},
 		// commit
 		{"commit without arguments", []string{"commit"}, exitUsage, "MOUNTPOINT|DIR"},
 		{"commit with an unknown flag", []string{"commit", "--all", plain}, exitUsage, "all"},

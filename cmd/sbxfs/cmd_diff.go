@@ -14,7 +14,7 @@ func diffCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "diff",
 		Usage:     "show the changes of a sandbox as a patch",
-		ArgsUsage: "MOUNTPOINT|DIR",
+		ArgsUsage: "MOUNTPOINT|DIR|ID",
 		Description: `Prints the changes of the sandbox as a git-style unified patch against
 its original: diff --git headers, new/deleted file mode, old/new mode,
 rename from/to, "Binary files ... differ" (with --binary, git's binary
@@ -65,7 +65,7 @@ type diffJSON struct {
 
 func runDiff(c *cli.Context) error {
 	args := c.Args().Slice()
-	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
+	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR|ID"); err != nil {
 		return err
 	}
 	forms := 0
@@ -80,7 +80,11 @@ func runDiff(c *cli.Context) error {
 	if c.Int("unified") < 0 {
 		return failf(exitUsage, "-U %d: the context must be 0 or more lines; give -U 0 for none", c.Int("unified"))
 	}
-	sb, err := lookupSandbox(args[0])
+	arg, err := sandboxArg(c, args[0])
+	if err != nil {
+		return err
+	}
+	sb, err := lookupSandbox(arg)
 	if err != nil {
 		return err
 	}

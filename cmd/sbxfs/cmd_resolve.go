@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sbxfs/sbxfs/commit"
-	"github.com/sbxfs/sbxfs/manager"
 )
 
 func resolveCommand() *cli.Command {
@@ -65,16 +63,9 @@ func runResolve(c *cli.Context) error {
 			return failf(exitUsage, "%q after MOUNTPOINT|DIR is an option or empty; put options before MOUNTPOINT|DIR and give each PATH as the conflicts name it (see 'sbxfs help resolve')", a)
 		}
 	}
-	target := args[0]
-	if _, err := os.Lstat(target); manager.ValidID(target) && errors.Is(err, os.ErrNotExist) {
-		root, err := managedRoot(c)
-		if err != nil {
-			return err
-		}
-		if !manager.KnownSandbox(root, target) {
-			return failf(exitNotSbxfs, "no sandbox %s in %s, and no such path; see 'sbxfs list'", target, root)
-		}
-		target = manager.WorkDir(root, target)
+	target, err := sandboxArg(c, args[0])
+	if err != nil {
+		return err
 	}
 	sb, err := openSandbox(target, c.App.ErrWriter)
 	if err != nil {

@@ -26,7 +26,9 @@ inside the mount (the same subdirectory when the current directory lies in
 ORIGINAL; $SBXFS_SANDBOX and $SBXFS_MOUNTPOINT name the sandbox), with
 stdin, stdout and stderr passed through. Then, with --commit-on-success
 and when CMD exited 0, commits its changes to ORIGINAL; otherwise destroys
-the sandbox: ORIGINAL is unchanged.
+the sandbox: ORIGINAL is unchanged. With --keep it keeps the sandbox
+instead, mounted, with CMD's changes: review them with 'sbxfs diff ID'
+(or status), then 'sbxfs commit ID' or 'sbxfs destroy ID'.
 
 With --in-place CMD sees the sandbox at ORIGINAL's own path: a mount
 namespace of its own binds the mount over ORIGINAL for CMD and what it
@@ -53,6 +55,7 @@ stdout after CMD's output.`,
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`"},
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON summary after CMD's output"},
 			&cli.BoolFlag{Name: "in-place", Usage: "show the sandbox to CMD at ORIGINAL's own path (a private mount namespace)"},
+			&cli.BoolFlag{Name: "keep", Usage: "keep the sandbox, mounted, when it is not committed (for 'sbxfs diff ID', then commit or destroy)"},
 		},
 		OnUsageError: onUsageError,
 		Action:       runRun,
@@ -66,6 +69,7 @@ type runJSON struct {
 	ExitCode   int       `json:"exit_code"`
 	Committed  bool      `json:"committed"`
 	Destroyed  bool      `json:"destroyed"`
+	Kept       bool      `json:"kept,omitempty"` // --keep: neither committed nor destroyed
 	Commit     *planJSON `json:"commit,omitempty"`
 	Error      string    `json:"error,omitempty"`
 	LeftBehind []int     `json:"left_behind,omitempty"` // --in-place: processes CMD left in its namespace
@@ -112,7 +116,11 @@ func runRun(c *cli.Context) error {
 		}
 	}
 	if err == nil && out.ExitCode != 0 {
-		err = failf(out.ExitCode, "%s exited with status %d; the sandbox was destroyed, %s is unchanged", argv[0], out.ExitCode, sb.Original)
+		what := "the sandbox was destroyed"
+		if out.Kept {
+			what = "the sandbox " + sb.ID + " keeps its changes"
+		}
+		err = failf(out.ExitCode, "%s exited with status %d; %s, %s is unchanged", argv[0], out.ExitCode, what, orig)
 	}
 	return err
 }
@@ -245,6 +253,12 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		if len(res.StillMounted) > 0 {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still uses %s: the sandbox %s stays mounted there, empty; 'sbxfs destroy %s' when it is done\n", sb.Mountpoint, sb.ID, sb.ID)
 		}
+		return nil
+	}
+	if c.Bool("keep") {
+		out.Kept = true
+		fmt.Fprintf(c.App.ErrWriter, "sbxfs: the sandbox %s keeps CMD's changes, mounted at %s: review them with 'sbxfs diff %s', then 'sbxfs commit %s' or 'sbxfs destroy %s'\n",
+			sb.ID, sb.Mountpoint, sb.ID, sb.ID, sb.ID)
 		return nil
 	}
 	_, err := d.Destroy(manager.Target{ID: sb.ID})

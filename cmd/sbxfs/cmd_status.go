@@ -25,7 +25,7 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "status",
 		Usage:     "list the changes of a sandbox",
-		ArgsUsage: "MOUNTPOINT|DIR",
+		ArgsUsage: "MOUNTPOINT|DIR|ID",
 		Description: `Lists every path the sandbox changed, one per line:
   A path          created         D path         deleted
   M path          modified        R from -> path renamed
@@ -37,8 +37,8 @@ removal of its own (the original's listings of removed or replaced
 directories are read for it). A renamed directory is one entry ('sbxfs
 diff --name-status' names each file it moves). Paths with control
 characters or invalid UTF-8 are quoted as Go strings. The sandbox is
-named by its mountpoint, its sandbox directory DIR (with DIR/work) or its
-work directory. --json prints the
+named by its mountpoint, its sandbox directory DIR (with DIR/work), its
+work directory, or the ID of a managed sandbox. --json prints the
 layers, the mount and the changes; a path that is not valid UTF-8 also
 comes base64-encoded in path_b64 (from_b64 for from).`,
 		Flags: []cli.Flag{
@@ -71,10 +71,14 @@ type changeJSON struct {
 
 func runStatus(c *cli.Context) error {
 	args := c.Args().Slice()
-	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR"); err != nil {
+	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR|ID"); err != nil {
 		return err
 	}
-	sb, err := lookupSandbox(args[0])
+	arg, err := sandboxArg(c, args[0])
+	if err != nil {
+		return err
+	}
+	sb, err := lookupSandbox(arg)
 	if err != nil {
 		return err
 	}

@@ -377,6 +377,38 @@ func TestManagedRunFromASubdirectory(t *testing.T) {
 	assert.Equal(t, "hello", lines[1])
 }
 
+// TestManagedRunKeep: run --keep keeps a sandbox it does not commit, for
+// review by id: status and diff name it by its id as commit does.
+func TestManagedRunKeep(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	r := e.sbxfs("run", "--keep", "--json", o, "--", "sh", "-c", "echo kept > k.txt; exit 3")
+	assert.Equal(t, 3, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "keeps CMD's changes, mounted at ")
+	assert.Contains(t, r.stderr, "sh exited with status 3; the sandbox ")
+	var out runJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	assert.True(t, out.Kept)
+	assert.False(t, out.Destroyed)
+	assert.NoFileExists(t, filepath.Join(o, "k.txt"))
+	assertFile(t, filepath.Join(out.Mountpoint, "k.txt"), "kept\n")
+
+	r = e.sbxfs("status", out.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "A k.txt")
+	r = e.sbxfs("diff", out.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "+kept")
+	r = e.sbxfs("commit", out.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "k.txt"), "kept\n")
+
+	r = e.sbxfs("run", "--keep", "--commit-on-success", o, "--", "sh", "-c", "echo now > n.txt")
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(o, "n.txt"), "now\n") // committed: --keep keeps only what is not
+}
+
 func TestManagedRun(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
@@ -168,6 +169,23 @@ func freeze(ctl *manager.Control, wait time.Duration) error {
 
 // lookupSandbox finds the sandbox arg names and whether it is mounted,
 // without recovering anything (for read-only commands).
+// sandboxArg is the argument naming a sandbox as lookupSandbox takes it:
+// the id of a managed sandbox of the state root (not also a path) becomes
+// its work directory; anything else stays.
+func sandboxArg(c *cli.Context, arg string) (string, error) {
+	if _, err := os.Lstat(arg); !manager.ValidID(arg) || !errors.Is(err, os.ErrNotExist) {
+		return arg, nil
+	}
+	root, err := managedRoot(c)
+	if err != nil {
+		return "", err
+	}
+	if !manager.KnownSandbox(root, arg) {
+		return "", failf(exitNotSbxfs, "no sandbox %s in %s, and no such path; see 'sbxfs list'", arg, root)
+	}
+	return manager.WorkDir(root, arg), nil
+}
+
 func lookupSandbox(arg string) (*sandbox, error) {
 	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
