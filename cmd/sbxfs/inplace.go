@@ -7,7 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -20,10 +20,11 @@ import (
 // so that what tools record of their paths (a virtual environment's
 // scripts, a build directory's cache, a linked worktree's gitdir) names
 // ORIGINAL and still holds once the changes are committed there. It starts
-// sbxfs again in a mount namespace of its own, private (nothing it mounts
-// reaches the rest of the machine); that process binds the sandbox's
-// mount over ORIGINAL, enters the working directory and becomes CMD. The
-// environment variable inPlaceEnv tells it so (inPlaceSpec as JSON).
+// sbxfs again in a mount namespace of its own, whose mounts are slaves of
+// the machine's (nothing mounted there reaches the rest of the machine);
+// that process binds the sandbox's mount over ORIGINAL, enters the working
+// directory and becomes CMD. The environment variable inPlaceEnv tells it
+// so (inPlaceSpec as JSON). docs/manager.md has the whole design.
 const inPlaceEnv = "SBXFS_IN_PLACE_EXEC"
 
 // inPlaceSpec is what the in-place process binds and where it starts CMD.
@@ -131,8 +132,8 @@ func processesIn(ns string) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || strings.ContainsAny(e.Name(), "+-") {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		if mountNamespace(pid) == ns {
