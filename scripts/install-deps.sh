@@ -9,7 +9,7 @@
 # and says what it did.
 set -euo pipefail
 
-packages=(fuse3 attr acl git fio fuse-overlayfs rsync sqlite3 vim-tiny gnuplot-nox e2fsprogs mount util-linux)
+packages=(fuse3 attr acl git fio fuse-overlayfs rsync sqlite3 vim-tiny gnuplot-nox e2fsprogs mount util-linux python3-venv)
 fuse_conf=/etc/fuse.conf
 
 say() { printf 'install-deps: %s\n' "$*"; }
