@@ -26,7 +26,11 @@ func unmountCommand() *cli.Command {
 waits (up to 10 s) until the server has exited and flushed the journal.
 The sandbox directory keeps the changes: 'sbxfs mount --upper DIR' shows
 them again. A mount with open files is busy: close them, or use --lazy to
-detach it now (the server exits when the last file is closed).
+detach it now (the server exits when the last file is closed). So is one
+that a process in another mount namespace works in (a copy of the mount
+there, as CMD of 'sbxfs run --in-place' has). A copy nothing uses (a bind
+mount of MOUNTPOINT, another namespace's made by unshare -m) is cut off:
+it answers ENOTCONN there, and the server exits.
 
 The mount of a managed sandbox ('sbxfs create') is unmounted by its
 daemon, which knows it then: the sandbox stays active with its changes
