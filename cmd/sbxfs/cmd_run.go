@@ -54,7 +54,7 @@ stdout after CMD's output.`,
 			&cli.BoolFlag{Name: "commit-on-success", Usage: "commit the changes when CMD exits 0"},
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`"},
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON summary after CMD's output"},
-			&cli.BoolFlag{Name: "in-place", Usage: "show the sandbox to CMD at ORIGINAL's own path (a private mount namespace)"},
+			&cli.BoolFlag{Name: "in-place", Usage: "show the sandbox to CMD at ORIGINAL's own path (in a mount namespace of CMD's own)"},
 			&cli.BoolFlag{Name: "keep", Usage: "keep the sandbox, mounted, when it is not committed (for 'sbxfs diff ID', then commit or destroy)"},
 		},
 		OnUsageError: onUsageError,
@@ -100,9 +100,7 @@ func runRun(c *cli.Context) error {
 		return err
 	}
 	out := runJSON{ID: sb.ID, Mountpoint: sb.Mountpoint}
-	var left []int
-	out.ExitCode, left = runInSandbox(c, sb, orig, argv)
-	out.LeftBehind = left
+	out.ExitCode, out.LeftBehind = runInSandbox(c, sb, orig, argv)
 	// A new connection: the daemon may have been restarted meanwhile.
 	err = withDaemon(c, func(d *manager.Daemon, _ string) error {
 		return endRun(c, d, root, sb, argv, &out)
