@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -54,7 +55,7 @@ func (s *Server) InUseElsewhere() error {
 		return nil
 	}
 	if pids := fsutil.UsedElsewhere(s.stDev); len(pids) > 0 {
-		return fmt.Errorf("unmount %s: %w: processes in another mount namespace use it (pid %v)", s.mnt, syscall.EBUSY, pids)
+		return fmt.Errorf("unmount %s: %w: processes in another mount namespace use it (pid %s)", s.mnt, syscall.EBUSY, strings.Trim(fmt.Sprint(pids), "[]"))
 	}
 	return nil
 }

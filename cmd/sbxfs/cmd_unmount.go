@@ -78,7 +78,7 @@ func runUnmount(c *cli.Context) error {
 	}
 	if !lazy {
 		if pids := fsutil.UsedElsewhere(e.Dev); len(pids) > 0 {
-			return failf(exitBusy, "mount is busy: processes in another mount namespace use it (pid %v): end them, or use --lazy", pids)
+			return failf(exitBusy, "mount is busy: processes in another mount namespace use it (pid %s): end them, or use --lazy", joinInts(pids))
 		}
 	}
 	if err := unmount(mnt, lazy); err != nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -105,6 +106,9 @@ func (sb *sandbox) end(ctl *manager.Control) error {
 	}
 	if err != nil && sb.stillMounted() {
 		if errors.Is(err, unix.EBUSY) || exitCode(err) == exitBusy {
+			if strings.Contains(err.Error(), "another mount namespace") {
+				return &exitError{code: exitBusy, err: fmt.Errorf("%s is in use: %w", sb.mount.Mountpoint, err)}
+			}
 			return &exitError{code: exitBusy, err: fmt.Errorf("%s is in use (a file open or a working directory in it): %w", sb.mount.Mountpoint, unix.EBUSY)}
 		}
 		return err
