@@ -191,6 +191,10 @@ func UsedElsewhere(dev uint64) []int {
 	if err != nil {
 		return nil
 	}
+	// Only a namespace that has the file system mounted can hold a copy:
+	// its mount table is read once, for the first of its processes.
+	field := fmt.Sprintf(" %d:%d ", unix.Major(dev), unix.Minor(dev))
+	mounted := map[string]bool{}
 	var pids []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -198,10 +202,20 @@ func UsedElsewhere(dev uint64) []int {
 			continue
 		}
 		dir := "/proc/" + e.Name()
-		if ns, err := os.Readlink(dir + "/ns/mnt"); err != nil || ns == self {
+		ns, err := os.Readlink(dir + "/ns/mnt")
+		if err != nil || ns == self {
 			continue
 		}
-		if processUses(dir, dev) {
+		has, seen := mounted[ns]
+		if !seen {
+			b, err := os.ReadFile(dir + "/mountinfo")
+			if err != nil {
+				continue // gone, or not ours to read: ask its next process
+			}
+			has = strings.Contains(string(b), field)
+			mounted[ns] = has
+		}
+		if has && processUses(dir, dev) {
 			pids = append(pids, pid)
 		}
 	}
