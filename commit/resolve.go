@@ -93,7 +93,16 @@ func Resolve(cfg layers.Config, paths []string) (resolved, left []Conflict, err 
 // Conflicts lists the conflicts a commit of the sandbox cfg would refuse
 // on now.
 func Conflicts(cfg layers.Config) ([]Conflict, error) {
-	found, err := currentConflicts(cfg)
+	cs, err := layers.Changes(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return ConflictsOf(cfg, cs)
+}
+
+// ConflictsOf is Conflicts for the changes cs, read from cfg already.
+func ConflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]Conflict, error) {
+	found, err := conflictsOf(cfg, cs)
 	var out []Conflict
 	for _, c := range found {
 		out = append(out, c.Conflict)
@@ -106,6 +115,10 @@ func currentConflicts(cfg layers.Config) ([]conflict, error) {
 	if err != nil {
 		return nil, err
 	}
+	return conflictsOf(cfg, cs)
+}
+
+func conflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]conflict, error) {
 	if len(cs.Changes) == 0 {
 		return nil, nil
 	}

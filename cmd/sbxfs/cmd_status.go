@@ -40,7 +40,12 @@ characters or invalid UTF-8 are quoted as Go strings. The sandbox is
 named by its mountpoint, its sandbox directory DIR (with DIR/work), its
 work directory, or the ID of a managed sandbox. --json prints the
 layers, the mount and the changes; a path that is not valid UTF-8 also
-comes base64-encoded in path_b64 (from_b64 for from).`,
+comes base64-encoded in path_b64 (from_b64 for from).
+
+After the changes come the conflicts, if any: paths the original changed
+since the sandbox read them, which a commit would refuse on ('sbxfs
+resolve' keeps the sandbox's version of one). --json lists them under
+"conflicts".`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
@@ -58,6 +63,9 @@ type statusJSON struct {
 	Mounted    bool         `json:"mounted"`
 	Mountpoint string       `json:"mountpoint"`
 	Changes    []changeJSON `json:"changes"`
+	// Conflicts are what a commit would refuse on now: paths the
+	// original changed since the sandbox read them.
+	Conflicts []commit.Conflict `json:"conflicts"`
 }
 
 type changeJSON struct {
@@ -101,12 +109,36 @@ func runStatus(c *cli.Context) error {
 	for _, ch := range listing {
 		st.Changes = append(st.Changes, toChangeJSON(ch))
 	}
+	conflicts, err := commit.ConflictsOf(sb.cfg, cs)
+	if err != nil {
+		return fmt.Errorf("look for conflicts of %s in %s: %w", work, m.Lowers[0], err)
+	}
+	st.Conflicts = append([]commit.Conflict{}, conflicts...)
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	return printChanges(c.App.Writer, listing)
+	if err := printChanges(c.App.Writer, listing); err != nil {
+		return err
+	}
+	printConflicts(c.App.Writer, conflicts, args[0])
+	return nil
+}
+
+// printConflicts says what a commit would refuse on, and what to do.
+func printConflicts(w io.Writer, conflicts []commit.Conflict, arg string) {
+	switch len(conflicts) {
+	case 0:
+		return
+	case 1:
+		fmt.Fprintf(w, "1 conflict: a commit refuses it until 'sbxfs resolve %s PATH' keeps the sandbox's version (or 'sbxfs commit --force')\n", arg)
+	default:
+		fmt.Fprintf(w, "%d conflicts: a commit refuses them until 'sbxfs resolve %s PATH...' keeps the sandbox's version (or 'sbxfs commit --force')\n", len(conflicts), arg)
+	}
+	for _, r := range conflicts {
+		fmt.Fprintf(w, "  %s: %s\n", quotePath(r.Path), r.Reason)
+	}
 }
 
 // findSandbox returns the work directory of the sandbox arg names: an sbxfs

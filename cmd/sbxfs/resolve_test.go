@@ -21,9 +21,22 @@ func TestResolveConflicts(t *testing.T) {
 	bin, f := mountedFixture(t)
 	writeFile(t, filepath.Join(f.mnt, "a.txt"), "hello\nmine\n")
 	writeFile(t, filepath.Join(f.mnt, "b.txt"), "b\n")
+	r := runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.NotContains(t, r.stdout, "conflict", "nothing changed in the original yet")
 	writeFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\n")
 
-	r := runBin(t, bin, "commit", f.mnt)
+	// status tells what a commit would refuse on, before one is tried.
+	r = runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "2 changes: 1 created, 1 modified\n1 conflict: a commit refuses it until 'sbxfs resolve "+f.mnt+" PATH' keeps the sandbox's version (or 'sbxfs commit --force')\n  a.txt: content changed in the original\n")
+	r = runBin(t, bin, "status", "--json", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	assert.Equal(t, []commit.Conflict{{Path: "a.txt", Reason: "content changed in the original"}}, st.Conflicts)
+
+	r = runBin(t, bin, "commit", f.mnt)
 	assertFailure(t, r, exitConflict, "a.txt: content changed in the original")
 	assert.Contains(t, r.stderr, "sbxfs resolve MOUNTPOINT PATH", "the message says what to do")
 
@@ -48,6 +61,12 @@ func TestResolveConflicts(t *testing.T) {
 	assert.Contains(t, r.stdout, "resolved a.txt (content changed in the original): the commit applies the sandbox's version of it\n")
 	assert.Contains(t, r.stdout, "no conflicts")
 	assertFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\n")
+	r = runBin(t, bin, "status", "--json", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	st = statusJSON{}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	assert.Empty(t, st.Conflicts, "a resolved conflict is gone from status")
+	assert.NotNil(t, st.Conflicts, "an empty list, not null")
 
 	r = runBin(t, bin, "commit", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
