@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -187,6 +188,8 @@ func (m *Manager) purgeDirs(r *record) error {
 			errs = append(errs, err)
 		}
 	}
+	// Empty here; a view still mounted in this namespace stays (gc).
+	os.Remove(filepath.Join(m.dir(r.ID), InPlaceView))
 	return errors.Join(errs...)
 }
 

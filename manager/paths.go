@@ -117,6 +117,12 @@ func (m *Manager) checkPlacement(r *record) error {
 	return nil
 }
 
+// InPlaceView is the directory in a sandbox's directory where the mount
+// namespace of a command of 'sbxfs run --in-place' shows the original the
+// sandbox covers there (read-only). Elsewhere it is an empty directory:
+// the manager removes it with rmdir only, never through a mount.
+const InPlaceView = "original-in-place"
+
 // hasUndoLog reports whether the work directory holds an interrupted
 // commit's undo log.
 func hasUndoLog(work string) bool {

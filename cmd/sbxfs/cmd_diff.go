@@ -96,7 +96,7 @@ func runDiff(c *cli.Context) error {
 	if err != nil {
 		return journalHint(fmt.Errorf("compute the changes of %s: %w", work, err), work)
 	}
-	if err := printDiff(c, cfg, cs); err != nil {
+	if err := printDiff(c, cfg, sb.meta.Lowers[0], cs); err != nil {
 		return fmt.Errorf("diff of %s: %w", work, err)
 	}
 	if c.Bool("exit-code") && len(cs.Changes) > 0 {
@@ -105,7 +105,9 @@ func runDiff(c *cli.Context) error {
 	return nil
 }
 
-func printDiff(c *cli.Context, cfg layers.Config, cs layers.ChangeSet) error {
+// printDiff prints the changes cs of cfg in the form asked for; orig is
+// the original's path to name (cfg may read it elsewhere: uncover).
+func printDiff(c *cli.Context, cfg layers.Config, orig string, cs layers.ChangeSet) error {
 	w := c.App.Writer
 	switch {
 	case c.Bool("stat"):
@@ -119,7 +121,7 @@ func printDiff(c *cli.Context, cfg layers.Config, cs layers.ChangeSet) error {
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(diffJSON{Original: cfg.Lowers[0], Upper: cfg.Upper, Work: cfg.Work, Changes: files})
+		return enc.Encode(diffJSON{Original: orig, Upper: cfg.Upper, Work: cfg.Work, Changes: files})
 	}
 	context := c.Int("unified")
 	if context == 0 {

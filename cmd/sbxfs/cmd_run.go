@@ -156,7 +156,8 @@ func runInSandbox(c *cli.Context, sb manager.Sandbox, orig string, argv []string
 	cmd := exec.Command(argv[0], argv[1:]...)
 	if c.Bool("in-place") {
 		var err error
-		if cmd, err = inPlaceCommand(inPlaceSpec{Mountpoint: sb.Mountpoint, Original: orig, Dir: inPlaceDir(orig)}, argv); err != nil {
+		if cmd, err = inPlaceCommand(inPlaceSpec{Mountpoint: sb.Mountpoint, Original: orig, Dir: inPlaceDir(orig),
+			View: filepath.Join(filepath.Dir(sb.Work), manager.InPlaceView)}, argv); err != nil {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: run --in-place: %v\n", err)
 			return 126, nil
 		}

@@ -32,6 +32,10 @@ type inPlaceSpec struct {
 	Mountpoint string `json:"mountpoint"` // the sandbox's mount
 	Original   string `json:"original"`   // where it is bound
 	Dir        string `json:"dir"`        // CMD's working directory
+	// View is where the original itself is bound, read-only, before the
+	// sandbox covers it: sbxfs run by CMD reads it there (status, diff,
+	// resolve: see sandbox.uncover). Empty for none.
+	View string `json:"view,omitempty"`
 }
 
 // inPlaceCommand is the process that becomes argv with the sandbox bound
@@ -89,6 +93,9 @@ func inPlaceExec(specJSON string, argv []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sbxfs: run --in-place: make the mounts of CMD's namespace slaves: %v; run without --in-place\n", err)
 		return 126
 	}
+	if spec.View != "" {
+		showOriginal(spec.Original, spec.View)
+	}
 	if err := unix.Mount(spec.Mountpoint, spec.Original, "", unix.MS_BIND, ""); err != nil {
 		fmt.Fprintf(stderr, "sbxfs: run --in-place: bind the sandbox %s over %s: %v; run without --in-place\n", spec.Mountpoint, spec.Original, err)
 		return 126
@@ -115,6 +122,26 @@ func inPlaceExec(specJSON string, argv []string, stderr io.Writer) int {
 		return 127
 	}
 	return 126
+}
+
+// showOriginal binds the original orig at view, read-only, for sbxfs run
+// by CMD: there the sandbox covers orig. Read-only, so that nothing in
+// CMD's namespace writes the original through it (an rm -r of the state
+// root there would otherwise empty the original). Recursive, as a user
+// namespace allows no other bind of a tree with mounts beneath it. A view
+// that cannot be made is left out: sbxfs run by CMD then says the
+// original is covered.
+func showOriginal(orig, view string) {
+	if err := os.Mkdir(view, 0o700); err != nil && !os.IsExist(err) {
+		return
+	}
+	if err := unix.Mount(orig, view, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return
+	}
+	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(unix.AT_FDCWD, view, unix.AT_RECURSIVE, ro); err != nil {
+		unix.Unmount(view, unix.MNT_DETACH) // not without read-only
+	}
 }
 
 // mountNamespace names the mount namespace of process pid ("" when it

@@ -33,7 +33,7 @@ func TestManagedRunInPlace(t *testing.T) {
 	// 'sbxfs run' (outside the namespace) does not see the change.
 	script := `pwd; echo "$PWD" > where; cat ../a.txt; echo new > ../b.txt
 test ! -e "/proc/$PPID/root$1/b.txt" && echo host-unchanged
-grep -c " $1 " /proc/self/mountinfo`
+awk -v p="$1" '$5 == p' /proc/self/mountinfo | wc -l`
 	cmd := exec.Command(e.bin, "--state-dir", e.root, "run", "--in-place", "--commit-on-success", "--json", o, "--", "sh", "-c", script, "sh", o)
 	cmd.Dir = filepath.Join(o, "sub")
 	var stdout, stderr strings.Builder
@@ -109,6 +109,33 @@ cat x.txt && echo y > y.txt`
 		assert.Regexp(t, "^committed [0-9a-f]{16}\nx\n$", r.stdout, "CMD goes on after its commit")
 		assertFile(t, filepath.Join(o, "x.txt"), "x\n")
 		assertFile(t, filepath.Join(o, "y.txt"), "y\n")
+	})
+
+	t.Run("status and diff from inside", func(t *testing.T) {
+		// In CMD's namespace the sandbox covers the original's path:
+		// status, diff and resolve read the original where run shows
+		// it, read-only. Read at its path they found no change at all.
+		script := `echo mine > a.txt; echo new > n.txt
+echo theirs > "/proc/$PPID/root$1/a.txt"
+"$2" --state-dir "$3" status "$SBXFS_SANDBOX" && "$2" --state-dir "$3" status .
+"$2" --state-dir "$3" diff --stat .
+"$2" --state-dir "$3" resolve . a.txt > /dev/null && "$2" --state-dir "$3" status --json . | grep -c '"conflicts": \[\]'
+view="$3/sandboxes/$SBXFS_SANDBOX/` + manager.InPlaceView + `"
+cat "$view/a.txt"; rm "$view/a.txt" 2>/dev/null || echo view-read-only`
+		r := e.sbxfs("run", "--in-place", "--json", o, "--", "sh", "-c", script, "sh", o, e.bin, e.root)
+		require.Equal(t, 0, r.code, r.stderr)
+		status := "M a.txt\nA n.txt\n2 changes: 1 created, 1 modified\n" +
+			"1 conflict: a commit refuses it until 'sbxfs resolve . PATH' keeps the sandbox's version (or 'sbxfs commit --force')\n" +
+			"  a.txt: content changed in the original\n"
+		want := strings.Replace(status, "resolve .", "resolve ID", 1) + status +
+			" a.txt | 2 +-\n n.txt | 1 +\n 2 files changed, 2 insertions(+), 1 deletion(-)\n" +
+			"1\ntheirs\nview-read-only\n"
+		out := r.stdout[:strings.LastIndex(r.stdout, "{")]
+		var res runJSON
+		require.NoError(t, json.Unmarshal([]byte(r.stdout[len(out):]), &res), r.stdout)
+		assert.Equal(t, strings.Replace(want, "ID", res.ID, 1), out)
+		assertFile(t, filepath.Join(o, "a.txt"), "theirs\n")
+		assert.NoDirExists(t, filepath.Join(e.root, "sandboxes", res.ID, manager.InPlaceView), "destroy removes the view's directory")
 	})
 
 	t.Run("PWD", func(t *testing.T) {

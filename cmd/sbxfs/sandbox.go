@@ -204,7 +204,27 @@ func lookupSandbox(arg string) (*sandbox, error) {
 		return nil, err
 	}
 	sb.mount = sbxfsMountOf(mounts, work)
+	if err := sb.uncover(mounts); err != nil {
+		return nil, err
+	}
 	return sb, nil
+}
+
+// uncover has the sandbox read its original where 'sbxfs run --in-place'
+// shows it (manager.InPlaceView) when, in this process's mount namespace (CMD's),
+// the sandbox's own mount covers the original's path: read there, the
+// "original" would be the sandbox itself, and its changes none.
+func (sb *sandbox) uncover(mounts []fsutil.MountEntry) error {
+	orig := sb.meta.Lowers[0]
+	if e := fsutil.MountAt(mounts, orig); e == nil || !isSbxfs(e) || e.Source != sb.work {
+		return nil
+	}
+	view := filepath.Join(filepath.Dir(sb.work), manager.InPlaceView)
+	if fsutil.MountAt(mounts, view) == nil {
+		return failf(exitBadPath, "here the sandbox's own mount covers its original %s (as in CMD's mount namespace of 'sbxfs run --in-place'), so the original cannot be read to compare: run this outside that namespace", orig)
+	}
+	sb.cfg.Lowers = append([]string{view}, sb.meta.Lowers[1:]...)
+	return nil
 }
 
 // openSandboxAt reads the record of the sandbox whose work directory is work.
