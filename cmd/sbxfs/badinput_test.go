@@ -124,6 +124,8 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		// run
 		{"run without arguments", []string{"run"}, exitUsage, "ORIGINAL -- CMD"},
 		{"run of a missing original", []string{"run", missing, "--", "true"}, exitBadPath, "missing"},
+		{"run of a file", []string{"run", file, "--", "true"}, exitBadPath, "is not a directory; run takes the directory to sandbox first"},
+		{"run without ORIGINAL", []string{"run", "--", "no-such-cmd", "-c", "true"}, exitBadPath, "ORIGINAL no-such-cmd cannot be used (no such file or directory); run takes the directory to sandbox first"},
 		{"run of an empty original", []string{"run", "", "--", "true"}, exitUsage, "ORIGINAL is empty"},
 		{"run with an unknown flag", []string{"run", "--commit", orig, "--", "true"}, exitUsage, "commit"},
 		// daemon

@@ -143,7 +143,15 @@ func runArgs(c *cli.Context) (string, []string, error) {
 		return "", nil, failf(exitBadPath, "original %q: %v; give an absolute path", args[0], err)
 	}
 	if r, err := filepath.EvalSymlinks(orig); err == nil {
-		orig = r // as the daemon records it (a missing one it refuses)
+		orig = r // as the daemon records it
+	}
+	if fi, err := os.Stat(orig); err != nil || !fi.IsDir() {
+		// 'sbxfs run -- CMD' (no ORIGINAL) lands here with CMD's name.
+		why := "is not a directory"
+		if err != nil {
+			why = fmt.Sprintf("cannot be used (%v)", errors.Unwrap(err))
+		}
+		return "", nil, failf(exitBadPath, "ORIGINAL %s %s; run takes the directory to sandbox first: 'sbxfs run [OPTIONS] ORIGINAL -- CMD [ARGS...]'", args[0], why)
 	}
 	return orig, args[1:], nil
 }
