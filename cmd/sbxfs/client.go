@@ -322,7 +322,11 @@ managed sandbox) that one.`
 		}
 		defer d.Close()
 		res, err := d.Rollback(t, c.Bool("keep"))
-		return printBatch(c, res, err, root, "rolled back")
+		perr := printBatch(c, res, err, root, "rolled back")
+		if manager.ErrorCode(err) == manager.CodeBusy && !c.Bool("keep") {
+			return failf(exitBusy, "%w (or roll back with --keep: the sandbox is emptied and stays mounted for them)", perr)
+		}
+		return perr
 	}
 	return cmd
 }

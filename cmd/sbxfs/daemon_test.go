@@ -313,6 +313,11 @@ func TestManagedCommitOfABusyMount(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
 	assert.Equal(t, []string{sb.ID}, res.StillMounted)
 
+	// A rollback of a busy mount refuses (nothing discarded: the commit
+	// below still brings every file the shell made) and names --keep.
+	r = e.sbxfs("rollback", sb.ID)
+	assertFailure(t, r, exitBusy, "close the files or processes using the sandbox, or retry (or roll back with --keep: the sandbox is emptied and stays mounted for them)")
+
 	w.Stop()
 	r = e.sbxfs("commit", "--json", sb.Mountpoint)
 	require.Equal(t, 0, r.code, r.stderr)
