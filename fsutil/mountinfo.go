@@ -137,6 +137,23 @@ func MountAt(entries []MountEntry, path string) *MountEntry {
 	return found
 }
 
+// MountContaining returns the mount the clean absolute path lies in: the
+// topmost of those with the deepest mountpoint that is path or one of its
+// parents; nil when entries has none (no "/").
+func MountContaining(entries []MountEntry, path string) *MountEntry {
+	var found *MountEntry
+	for i := range entries {
+		mp := entries[i].Mountpoint
+		if path != mp && mp != "/" && !strings.HasPrefix(path, mp+"/") {
+			continue
+		}
+		if found == nil || len(mp) >= len(found.Mountpoint) {
+			found = &entries[i] // later lines are mounted on top
+		}
+	}
+	return found
+}
+
 // FuseConnDir is the fusectl directory (/sys/fs/fuse/connections/N) of the
 // FUSE file system with device number dev: fusectl names a connection by
 // the kernel's dev_t, major<<20 | minor. Writing to its abort file ends

@@ -83,3 +83,30 @@ func TestFuseConnDir(t *testing.T) {
 	assert.Equal(t, "/sys/fs/fuse/connections/41", FuseConnDir(unix.Mkdev(0, 41)))
 	assert.Equal(t, "/sys/fs/fuse/connections/8388609", FuseConnDir(unix.Mkdev(8, 1)), "major<<20 | minor")
 }
+
+func TestMountContaining(t *testing.T) {
+	entries := []MountEntry{
+		{Mountpoint: "/", FSType: "ext4"},
+		{Mountpoint: "/a", FSType: "tmpfs"},
+		{Mountpoint: "/a/b", FSType: "fuse.sbxfs"},
+		{Mountpoint: "/a/b", FSType: "fuse.sbxfs", Source: "top"}, // mounted on top
+		{Mountpoint: "/ab", FSType: "xfs"},
+	}
+	for _, tc := range []struct{ path, want, source string }{
+		{"/", "/", ""},
+		{"/x/y", "/", ""},
+		{"/a", "/a", ""},
+		{"/a/c", "/a", ""},
+		{"/a/b", "/a/b", "top"},
+		{"/a/b/c/d", "/a/b", "top"},
+		{"/ab/c", "/ab", ""},
+		{"/abc", "/", ""}, // not beneath /ab
+	} {
+		e := MountContaining(entries, tc.path)
+		if assert.NotNil(t, e, tc.path) {
+			assert.Equal(t, tc.want, e.Mountpoint, tc.path)
+			assert.Equal(t, tc.source, e.Source, tc.path)
+		}
+	}
+	assert.Nil(t, MountContaining(entries[1:], "/x"), "no mount holds it")
+}

@@ -14,7 +14,7 @@ func diffCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "diff",
 		Usage:     "show the changes of a sandbox as a patch",
-		ArgsUsage: "MOUNTPOINT|DIR|ID",
+		ArgsUsage: "[MOUNTPOINT|DIR|ID]",
 		Description: `Prints the changes of the sandbox as a git-style unified patch against
 its original: diff --git headers, new/deleted file mode, old/new mode,
 rename from/to, "Binary files ... differ" (with --binary, git's binary
@@ -64,8 +64,8 @@ type diffJSON struct {
 }
 
 func runDiff(c *cli.Context) error {
-	args := c.Args().Slice()
-	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR|ID"); err != nil {
+	args, err := argsOrHere(c)
+	if err != nil {
 		return err
 	}
 	forms := 0

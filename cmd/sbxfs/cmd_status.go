@@ -25,7 +25,7 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "status",
 		Usage:     "list the changes of a sandbox",
-		ArgsUsage: "MOUNTPOINT|DIR|ID",
+		ArgsUsage: "[MOUNTPOINT|DIR|ID]",
 		Description: `Lists every path the sandbox changed, one per line:
   A path          created         D path         deleted
   M path          modified        R from -> path renamed
@@ -38,7 +38,8 @@ directories are read for it). A renamed directory is one entry ('sbxfs
 diff --name-status' names each file it moves). Paths with control
 characters or invalid UTF-8 are quoted as Go strings. The sandbox is
 named by its mountpoint, its sandbox directory DIR (with DIR/work), its
-work directory, or the ID of a managed sandbox. --json prints the
+work directory, or the ID of a managed sandbox; without one, the sbxfs
+mount the working directory lies in. --json prints the
 layers, the mount and the changes; a path that is not valid UTF-8 also
 comes base64-encoded in path_b64 (from_b64 for from).
 
@@ -78,8 +79,8 @@ type changeJSON struct {
 }
 
 func runStatus(c *cli.Context) error {
-	args := c.Args().Slice()
-	if err := checkArgs(c, args, 1, "MOUNTPOINT|DIR|ID"); err != nil {
+	args, err := argsOrHere(c)
+	if err != nil {
 		return err
 	}
 	arg, err := sandboxArg(c, args[0])
@@ -141,6 +142,26 @@ func printConflicts(w io.Writer, conflicts []commit.Conflict, arg string) {
 	}
 }
 
+// argsOrHere is the argument of status or diff: the one given, or else
+// the sbxfs mount the working directory lies in (as git finds its
+// repository).
+func argsOrHere(c *cli.Context) ([]string, error) {
+	args := c.Args().Slice()
+	if len(args) > 0 {
+		return args, checkArgs(c, args, 1, "MOUNTPOINT|DIR|ID")
+	}
+	wd := workingDir()
+	mounts, err := fsutil.ReadMountinfo()
+	if err != nil || wd == "" {
+		return nil, failf(exitUsage, "%s needs MOUNTPOINT|DIR|ID (the working directory's mount could not be told: %v)", c.Command.Name, err)
+	}
+	e := fsutil.MountContaining(mounts, wd)
+	if e == nil || !isSbxfs(e) {
+		return nil, failf(exitUsage, "%s needs MOUNTPOINT|DIR|ID: the working directory %s is not in an sbxfs mount; see 'sbxfs help %s'", c.Command.Name, wd, c.Command.Name)
+	}
+	return []string{e.Mountpoint}, nil
+}
+
 // findSandbox returns the work directory of the sandbox arg names: an sbxfs
 // mountpoint, a sandbox directory DIR (DIR/work) or a work directory.
 func findSandbox(mounts []fsutil.MountEntry, arg string) (string, error) {
@@ -158,6 +179,9 @@ func findSandbox(mounts []fsutil.MountEntry, arg string) (string, error) {
 	}
 	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
 		return "", failf(exitBadPath, "%q does not exist; give a mountpoint or a sandbox directory", arg)
+	}
+	if e := fsutil.MountContaining(mounts, p); e != nil && isSbxfs(e) {
+		return "", failf(exitNotSbxfs, "%s lies inside the sbxfs mount %s; give that mountpoint (sbxfs works on a whole sandbox)", p, e.Mountpoint)
 	}
 	return "", failf(exitNotSbxfs, "%s is not an sbxfs mount or sandbox directory; give the MOUNTPOINT or the --upper DIR of 'sbxfs mount'", p)
 }

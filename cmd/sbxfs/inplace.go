@@ -214,12 +214,7 @@ func daemonPath(p string) string {
 	if err != nil {
 		return p
 	}
-	var under *fsutil.MountEntry // the mount rp lies in: the deepest, the last of equals
-	for i := range mounts {
-		if within(rp, mounts[i].Mountpoint) && (under == nil || len(mounts[i].Mountpoint) >= len(under.Mountpoint)) {
-			under = &mounts[i]
-		}
-	}
+	under := fsutil.MountContaining(mounts, rp)
 	if under == nil || !isSbxfs(under) {
 		return p
 	}

@@ -7,7 +7,10 @@
 //	sbxfs [--state-dir DIR] mount [--upper DIR] [--foreground] [--allow-other] [--debug] [--no-passthrough] [--no-io-uring] ORIGINAL MOUNTPOINT
 //	sbxfs [--state-dir DIR] mount [--json] ID|MOUNTPOINT    (a managed sandbox, mounted again by its daemon)
 //	sbxfs unmount [--lazy] MOUNTPOINT
-//	sbxfs status [--json] MOUNTPOINT|DIR
+//	sbxfs status [--json] [MOUNTPOINT|DIR|ID]
+//	sbxfs diff [--stat|--name-status|--json] [MOUNTPOINT|DIR|ID]
+//	sbxfs commit|rollback|resolve ... MOUNTPOINT|DIR|ID
+//	sbxfs create|list|run|destroy|gc|daemon ...   (managed sandboxes: see 'sbxfs help')
 //	mount -t fuse.sbxfs sbxfs MOUNTPOINT -o lowerdir=A[:B...],upperdir=U,workdir=W
 //
 // Exit codes are listed in exitcodes.go.

@@ -136,6 +136,27 @@ func TestMountWriteStatusUnmount(t *testing.T) {
 	require.Equal(t, 0, r.code)
 	assert.Contains(t, r.stdout, "A new.txt\n")
 
+	// Without an argument, status and diff work on the mount the working
+	// directory lies in, as git on its repository; a path inside a mount
+	// is refused with the mountpoint named.
+	sub := filepath.Join(f.mnt, "sub")
+	require.NoError(t, os.MkdirAll(sub, 0o755))
+	for _, args := range [][]string{{"status"}, {"diff", "--name-status"}} {
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = sub
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%v: %s", args, out)
+		assert.Regexp(t, `(?m)^A\s+new\.txt$`, string(out), "%v from a subdirectory of the mount", args)
+	}
+	assertFailure(t, runBin(t, bin, "status", sub), exitNotSbxfs, sub+" lies inside the sbxfs mount "+f.mnt+"; give that mountpoint")
+	cmd := exec.Command(bin, "status")
+	cmd.Dir = f.orig
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+	assert.Equal(t, exitUsage, ee.ExitCode())
+	assert.Contains(t, string(out), "status needs MOUNTPOINT|DIR|ID: the working directory "+f.orig+" is not in an sbxfs mount")
+
 	r = runBin(t, bin, "unmount", f.mnt)
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.False(t, isMounted(t, f.mnt))
