@@ -88,6 +88,7 @@ type daemonResponse struct {
 	RolledBack     []string      `json:"rolled_back,omitempty"`
 	RollbackFailed []FailureInfo `json:"rollback_failed,omitempty"`
 	StillMounted   []string      `json:"still_mounted,omitempty"`
+	Applied        []Applied     `json:"applied,omitempty"`
 	Op             string        `json:"batch_op,omitempty"`
 	Done           []string      `json:"done,omitempty"`
 	Failed         []FailureInfo `json:"failed,omitempty"`
@@ -405,6 +406,7 @@ func (s *DaemonServer) commit(req daemonRequest, resp *daemonResponse) error {
 	if res != nil {
 		resp.Plan, resp.Committed, resp.RolledBack, resp.StillMounted = res.Plan, res.Committed, res.RolledBack, res.StillMounted
 		resp.RollbackFailed = FailureInfos(res.RollbackFailed)
+		resp.Applied = res.Applied
 	}
 	return err
 }

@@ -254,7 +254,8 @@ func (d *Daemon) List(plan string) ([]Sandbox, error) {
 func (d *Daemon) Commit(t Target, o CommitOptions) (*PlanResult, error) {
 	resp, err := d.call(daemonRequest{Op: "commit", ID: t.ID, Plan: t.Plan, Message: o.Message,
 		Force: o.Force, Keep: o.Keep, WaitMs: o.Wait.Milliseconds()})
-	res := &PlanResult{Plan: resp.Plan, Committed: resp.Committed, RolledBack: resp.RolledBack, StillMounted: resp.StillMounted, Err: err}
+	res := &PlanResult{Plan: resp.Plan, Committed: resp.Committed, RolledBack: resp.RolledBack, StillMounted: resp.StillMounted,
+		Applied: resp.Applied, Err: err}
 	for _, f := range resp.RollbackFailed {
 		res.RollbackFailed = append(res.RollbackFailed, f.failure())
 	}

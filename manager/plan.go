@@ -471,6 +471,7 @@ func (c *planCommit) finish(failed error) {
 			}
 			continue
 		}
+		c.res.Applied = append(c.res.Applied, Applied{ID: p.rec.ID, Original: p.rec.Original, Changes: p.txn.Changes()})
 		_ = safely(p.txn.MarkCommitted) // the plan record decides; this only helps a lone reader of the undo log
 		if err := safely(p.txn.Finish); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", p.rec.ID, err))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/internal/immutable"
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 var ctx = context.Background()
@@ -306,6 +307,12 @@ func TestNestedCommitsChildFirst(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{child.ID, parent.ID}, res.Committed, "the child commits before its parent")
 	assert.Equal(t, "parent", readFile(t, parentOrig, "top"))
+	// What went into an original: the parent's changes; the child's went
+	// into the parent.
+	require.Len(t, res.Applied, 1)
+	assert.Equal(t, parent.ID, res.Applied[0].ID)
+	assert.Equal(t, parentOrig, res.Applied[0].Original)
+	assert.Equal(t, []layers.Change{{Path: "top", Kind: layers.Modified, Type: "file"}}, res.Applied[0].Changes)
 	assert.Equal(t, "child", readFile(t, inner, "c"))
 }
 

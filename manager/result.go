@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // Errors to match with errors.Is.
@@ -65,6 +67,9 @@ func (f Failure) Unwrap() error { return f.Err }
 //     open, a working directory in it) and could not be unmounted: they
 //     stay mounted and active over their new originals, with empty
 //     sandboxes (as with Keep).
+//   - Applied: on success, what each committed sandbox changed in its
+//     original, in commit order: the sandboxes of the plan nested in
+//     another are left out (what they brought is in their parent's).
 //   - Err: nil on success, else the first cause.
 type PlanResult struct {
 	Plan           string    `json:"plan"`
@@ -72,7 +77,16 @@ type PlanResult struct {
 	RolledBack     []string  `json:"rolled_back"`
 	RollbackFailed []Failure `json:"rollback_failed"`
 	StillMounted   []string  `json:"still_mounted"`
+	Applied        []Applied `json:"applied,omitempty"`
 	Err            error     `json:"-"`
+}
+
+// Applied is what the commit of one sandbox changed in its original (for
+// a git commit of exactly those paths: commit.GitPaths).
+type Applied struct {
+	ID       string          `json:"id"`
+	Original string          `json:"original"`
+	Changes  []layers.Change `json:"changes"`
 }
 
 // PlanError is a failed plan commit: the very same value as the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sbxfs/sbxfs/commit"
 	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/manager"
 )
@@ -139,6 +140,7 @@ type planJSON struct {
 	RolledBack     []string              `json:"rolled_back"`
 	RollbackFailed []manager.FailureInfo `json:"rollback_failed"`
 	StillMounted   []string              `json:"still_mounted"`
+	GitCommits     map[string]string     `json:"git_commits,omitempty"` // --git: sandbox id -> commit
 	Error          string                `json:"error,omitempty"`
 	Code           string                `json:"code,omitempty"`
 	Errno          string                `json:"errno,omitempty"`
@@ -244,7 +246,9 @@ Managed sandboxes ('sbxfs create') commit through the daemon: --plan P
 commits every active sandbox of the plan, all of them or none; an ID (or
 the mountpoint of a managed sandbox) commits that one. Exit 7 on a
 conflict: no original is changed and every sandbox stays mounted with its
-changes (fix and retry, or --force).`
+changes (fix and retry, or --force). With --git each committed sandbox's
+original gets a git commit of exactly the paths its commit changed
+(every original must lie in a git work tree: checked first).`
 	cmd.Flags = append(cmd.Flags, &cli.StringFlag{Name: "plan", Usage: "commit every active sandbox of plan `P`, all or nothing (managed)"})
 	standalone := cmd.Action
 	cmd.Action = func(c *cli.Context) error {
@@ -255,28 +259,80 @@ changes (fix and retry, or --force).`
 			}
 			return err
 		}
-		if c.Bool("git") {
-			return failf(exitUsage, "--git works on standalone mounts only; commit the managed sandboxes without it")
+		if c.Bool("git") && c.String("message") == "" {
+			return failf(exitUsage, "--git needs a commit message: give -m MSG")
 		}
 		d, err := connectDaemon(root, c.App.ErrWriter)
 		if err != nil {
 			return err
 		}
 		defer d.Close()
+		if c.Bool("git") {
+			if err := checkGitTargets(d, t); err != nil {
+				return err
+			}
+		}
 		o := manager.CommitOptions{Message: c.String("message"), Force: c.Bool("force"), Keep: c.Bool("keep"), Wait: c.Duration("wait")}
 		res, err := d.Commit(t, o)
-		return printCommit(c, res, daemonFailure(err, root, exitCommitFailed))
+		failed := daemonFailure(err, root, exitCommitFailed)
+		var hashes map[string]string
+		var gitErr error
+		if failed == nil && c.Bool("git") {
+			hashes, gitErr = gitCommitApplied(res.Applied, o.Message)
+		}
+		return printCommit(c, res, failed, hashes, gitErr)
 	}
 	return cmd
 }
 
-// printCommit prints a managed commit's result; failed is its error.
-func printCommit(c *cli.Context, res *manager.PlanResult, failed error) error {
+// checkGitTargets refuses --git, before anything is committed, when the
+// original of a sandbox the commit of t would take is not in a git work
+// tree.
+func checkGitTargets(d *manager.Daemon, t manager.Target) error {
+	sbs, err := d.List(t.Plan)
+	if err != nil {
+		return failf(exitInternal, "--git: list the sandboxes: %v", err)
+	}
+	for _, sb := range sbs {
+		if (t.ID != "" && sb.ID != t.ID) || sb.State != manager.Active {
+			continue
+		}
+		if err := commit.CheckGitWorkTree(sb.Original); err != nil {
+			return failf(exitBadPath, "--git: the original of %s: %v; nothing was committed", sb.ID, err)
+		}
+	}
+	return nil
+}
+
+// gitCommitApplied makes a git commit with the message msg of exactly the
+// paths each sandbox's commit changed in its original (as the standalone
+// commit --git does) and returns each one's commit by sandbox id.
+func gitCommitApplied(applied []manager.Applied, msg string) (map[string]string, error) {
+	hashes := map[string]string{}
+	for _, a := range applied {
+		if len(a.Changes) == 0 {
+			continue
+		}
+		h, err := commit.GitCommit(a.Original, commit.GitPaths(a.Changes), commit.GitCommitOptions{Message: msg, Moves: commit.GitMoves(a.Changes)})
+		if err != nil {
+			return hashes, failf(exitCommitFailed, "the changes of %s are committed to %s, but the git commit failed: %v; commit them with git", a.ID, a.Original, err)
+		}
+		hashes[a.ID] = h
+	}
+	return hashes, nil
+}
+
+// printCommit prints a managed commit's result and the git commits --git
+// made; failed is the commit's error, gitErr that of the git commits
+// after it.
+func printCommit(c *cli.Context, res *manager.PlanResult, failed error, hashes map[string]string, gitErr error) error {
 	if c.Bool("json") {
-		if err := printJSON(c.App.Writer, toPlanJSON(res)); err != nil {
+		j := toPlanJSON(res)
+		j.GitCommits = hashes
+		if err := printJSON(c.App.Writer, j); err != nil {
 			return err
 		}
-		return failed
+		return errors.Join(failed, gitErr)
 	}
 	if failed != nil {
 		return failed
@@ -286,12 +342,16 @@ func printCommit(c *cli.Context, res *manager.PlanResult, failed error) error {
 		return nil
 	}
 	for _, id := range res.Committed {
-		fmt.Fprintf(c.App.Writer, "committed %s\n", id)
+		if h, ok := hashes[id]; ok {
+			fmt.Fprintf(c.App.Writer, "committed %s (git commit %s)\n", id, h)
+		} else {
+			fmt.Fprintf(c.App.Writer, "committed %s\n", id)
+		}
 	}
 	for _, id := range res.StillMounted {
 		fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but the mount of %s is in use: it stays mounted over the updated original with an empty sandbox; unmount or destroy it when done\n", id)
 	}
-	return nil
+	return gitErr
 }
 
 // withManagedRollback is withManagedCommit for rollback.

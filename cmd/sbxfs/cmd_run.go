@@ -42,6 +42,11 @@ mounted (empty), as a process left in the mount does; after a destroy
 they are cut off (ENOTCONN). A managed sandbox CMD makes of a path in
 ORIGINAL is nested in CMD's sandbox: its commit lands there.
 
+With --git (and --commit-on-success) the commit is followed by a git
+commit of exactly the paths it changed in ORIGINAL, which must lie in a
+git work tree (checked before CMD runs); the message is -m MSG, else
+"sbxfs run CMD ARGS...".
+
 Exits with CMD's status (128+N when signal N killed it; 127 when it could
 not be started), or with sbxfs's own code when sbxfs fails (7: the commit
 met conflicts; the sandbox is then kept, mounted, to settle with 'sbxfs
@@ -52,7 +57,8 @@ stdout after CMD's output.`,
 			&cli.StringFlag{Name: "plan", Usage: "put the sandbox in plan `P`"},
 			&cli.StringFlag{Name: "name", Usage: "describe the sandbox as `NAME`"},
 			&cli.BoolFlag{Name: "commit-on-success", Usage: "commit the changes when CMD exits 0"},
-			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`"},
+			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG` (default: sbxfs run CMD ARGS...)"},
+			&cli.BoolFlag{Name: "git", Usage: "with --commit-on-success, also make a git commit of exactly the committed paths (ORIGINAL in a git work tree)"},
 			&cli.BoolFlag{Name: "json", Usage: "print a JSON summary after CMD's output"},
 			&cli.BoolFlag{Name: "in-place", Usage: "show the sandbox to CMD at ORIGINAL's own path (in a mount namespace of CMD's own)"},
 			&cli.BoolFlag{Name: "keep", Usage: "keep the sandbox, mounted, when it is not committed (for 'sbxfs diff ID', then commit or destroy)"},
@@ -79,6 +85,14 @@ func runRun(c *cli.Context) error {
 	orig, argv, err := runArgs(c)
 	if err != nil {
 		return err
+	}
+	if c.Bool("git") {
+		if !c.Bool("commit-on-success") {
+			return failf(exitUsage, "--git makes a git commit of what run commits: give --commit-on-success too")
+		}
+		if err := commit.CheckGitWorkTree(orig); err != nil {
+			return failf(exitBadPath, "--git: %v; nothing was run", err)
+		}
 	}
 	root, err := managedRoot(c)
 	if err != nil {
@@ -244,6 +258,10 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		res, err := d.Commit(manager.Target{ID: sb.ID}, manager.CommitOptions{Message: msg, Keep: keep})
 		j := toPlanJSON(res)
 		out.Commit, out.Committed = &j, err == nil
+		var gitErr error // the commit is done whatever becomes of the git commit
+		if err == nil && c.Bool("git") {
+			j.GitCommits, gitErr = gitCommitApplied(res.Applied, msg)
+		}
 		if err != nil && errors.Is(err, commit.ErrConflict) {
 			return fmt.Errorf("%w\nthe sandbox %s stays mounted at %s with the changes: 'sbxfs resolve %s PATH...' then 'sbxfs commit %s', 'sbxfs commit --force %s', or 'sbxfs destroy %s'",
 				daemonFailure(err, root, exitCommitFailed), sb.ID, sb.Mountpoint, sb.ID, sb.ID, sb.ID, sb.ID)
@@ -255,12 +273,12 @@ func endRun(c *cli.Context, d *manager.Daemon, root string, sb manager.Sandbox, 
 		if keep {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still runs in its namespace (pid %s): the sandbox %s stays mounted at %s, empty; 'sbxfs destroy %s' when it is done\n",
 				joinInts(out.LeftBehind), sb.ID, sb.Mountpoint, sb.ID)
-			return nil
+			return gitErr
 		}
 		if len(res.StillMounted) > 0 {
 			fmt.Fprintf(c.App.ErrWriter, "sbxfs: committed, but something CMD started still uses %s: the sandbox %s stays mounted there, empty; 'sbxfs destroy %s' when it is done\n", sb.Mountpoint, sb.ID, sb.ID)
 		}
-		return nil
+		return gitErr
 	}
 	if c.Bool("keep") {
 		out.Kept = true
