@@ -53,6 +53,10 @@ var (
 	ErrNotGitWorkTree = errors.New("not inside a git work tree")
 	ErrGitBare        = errors.New("the git repository is bare")
 	ErrGitMessage     = errors.New("the commit message is empty")
+	// ErrGitNothingToCommit says the paths hold in the work tree what
+	// HEAD records already (a git commit made in the sandbox came with
+	// them): no commit is made.
+	ErrGitNothingToCommit = errors.New("nothing to commit: HEAD records the paths as they are")
 )
 
 // GitCommit records, in the git repository whose work tree is root (root
@@ -219,11 +223,13 @@ func (g *gitWork) commit(paths []string, moves gitMoves, opt GitCommitOptions) (
 		return plumbing.ZeroHash, err
 	}
 	tree, parents := newGitTree(g.repo.Storer, plumbing.ZeroHash), []plumbing.Hash(nil)
+	var headTree plumbing.Hash
 	if !parent.IsZero() {
 		pc, err := g.repo.CommitObject(parent)
 		if err != nil {
 			return plumbing.ZeroHash, fmt.Errorf("read HEAD commit: %w", err)
 		}
+		headTree = pc.TreeHash
 		tree, parents = newGitTree(g.repo.Storer, pc.TreeHash), []plumbing.Hash{parent}
 	}
 	if err := tree.move(moves); err != nil {
@@ -237,6 +243,9 @@ func (g *gitWork) commit(paths []string, moves gitMoves, opt GitCommitOptions) (
 	treeHash, err := tree.write()
 	if err != nil {
 		return plumbing.ZeroHash, err
+	}
+	if len(parents) == 1 && treeHash == headTree {
+		return plumbing.ZeroHash, ErrGitNothingToCommit
 	}
 	c := g.newCommit(treeHash, parents, opt)
 	obj := g.repo.Storer.NewEncodedObject()
@@ -349,15 +358,20 @@ func CheckGitWorkTree(root string) error {
 }
 
 // GitPaths lists the paths a git commit of the changes must record: every
-// changed path and the source of every rename.
+// changed path and the source of every rename, but those in a .git
+// directory: the repository's own files (an index git refreshed in the
+// sandbox, the objects and refs of a git commit made there), which the
+// commit put in place as files and git does not record.
 func GitPaths(changes []layers.Change) []string {
 	var out []string
 	for _, c := range changes {
 		if c.Path == "" {
 			continue // the root's own metadata: git records none
 		}
-		out = append(out, c.Path)
-		if c.From != "" && c.Kind == layers.Renamed {
+		if !isGitDir(c.Path) {
+			out = append(out, c.Path)
+		}
+		if c.From != "" && c.Kind == layers.Renamed && !isGitDir(c.From) {
 			out = append(out, c.From)
 		}
 	}

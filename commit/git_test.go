@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // gitIn runs the git CLI in dir, without the user's or the system's
@@ -225,6 +226,38 @@ func TestGitCommitErrors(t *testing.T) {
 	_, err = GitCommit(dir, []string{"a"}, GitCommitOptions{Message: "m"})
 	assert.ErrorIs(t, err, ErrGitLocked)
 	assert.FileExists(t, lock, "someone else's lock is left alone")
+}
+
+// TestGitCommitOfWhatGitRecordsAlready: a git commit made in the sandbox
+// comes with the changes (the repository's own files changed too): the
+// paths hold what HEAD records, and no empty commit is made on top. And
+// GitPaths and GitMoves leave out the repository's own files, which the
+// sbxfs commit put in place as files (a refreshed index, objects, refs).
+func TestGitCommitOfWhatGitRecordsAlready(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{"a": "a\n"})
+	writeTestFiles(t, dir, map[string]string{"a": "changed\n", "n": "new\n"})
+	gitIn(t, dir, "add", "-A")
+	gitIn(t, dir, "commit", "-q", "-m", "made with git")
+	head := gitIn(t, dir, "rev-parse", "HEAD")
+	_, err := GitCommit(dir, []string{"a", "n"}, GitCommitOptions{Message: "m"})
+	assert.ErrorIs(t, err, ErrGitNothingToCommit)
+	assert.Equal(t, head, gitIn(t, dir, "rev-parse", "HEAD"), "no empty commit")
+	assert.NoFileExists(t, filepath.Join(dir, ".git", "index.lock"))
+
+	changes := []layers.Change{
+		{Path: ".git/index", Kind: layers.Modified, Type: "file"},
+		{Path: ".git/objects/ab", Kind: layers.Created, Type: "dir"},
+		{Path: "sub/.git/HEAD", Kind: layers.Modified, Type: "file"},
+		{Path: ".git/refs/heads/x", Kind: layers.Deleted, Type: "file"},
+		{Path: "b", Kind: layers.Modified, Type: "file"},
+		{Path: "out", From: ".git/tmp", Kind: layers.Renamed, Type: "file"},
+		{Path: ".git/in", From: "c", Kind: layers.Renamed, Type: "file"},
+		{Path: "e", From: "d", Kind: layers.Renamed, Type: "file"},
+		{Path: "f", Kind: layers.Deleted, Type: "file"},
+	}
+	assert.Equal(t, []string{"b", "out", "c", "e", "d", "f"}, GitPaths(changes))
+	assert.Equal(t, []GitMove{{From: "c"}, {From: "d", To: "e"}, {From: "f"}}, GitMoves(changes))
 }
 
 // TestGitCommitRenamedDirectories: the files git tracks beneath a

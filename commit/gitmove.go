@@ -35,15 +35,21 @@ type GitMove struct {
 func GitMoves(changes []layers.Change) []GitMove {
 	var out []GitMove
 	for _, c := range changes {
-		switch c.Kind {
-		case layers.Renamed:
+		switch {
+		case c.Kind == layers.Renamed && isGitDir(c.From):
+			// Out of a .git directory: an addition (GitPaths has it).
+		case c.Kind == layers.Renamed && isGitDir(c.Path):
+			out = append(out, GitMove{From: c.From}) // into one: a removal
+		case c.Kind == layers.Renamed:
 			out = append(out, GitMove{From: c.From, To: c.Path})
-		case layers.Deleted:
+		case c.Kind == layers.Deleted:
 			from := c.Path
 			if c.Original != "" {
 				from = c.Original
 			}
-			out = append(out, GitMove{From: from})
+			if !isGitDir(from) {
+				out = append(out, GitMove{From: from})
+			}
 		}
 	}
 	return out

@@ -310,14 +310,13 @@ func checkGitTargets(d *manager.Daemon, t manager.Target) error {
 func gitCommitApplied(applied []manager.Applied, msg string) (map[string]string, error) {
 	hashes := map[string]string{}
 	for _, a := range applied {
-		if len(a.Changes) == 0 {
-			continue
-		}
-		h, err := commit.GitCommit(a.Original, commit.GitPaths(a.Changes), commit.GitCommitOptions{Message: msg, Moves: commit.GitMoves(a.Changes)})
+		h, err := gitCommit(a.Original, a.Changes, msg)
 		if err != nil {
 			return hashes, failf(exitCommitFailed, "the changes of %s are committed to %s, but the git commit failed: %v; commit them with git", a.ID, a.Original, err)
 		}
-		hashes[a.ID] = h
+		if h != "" {
+			hashes[a.ID] = h
+		}
 	}
 	return hashes, nil
 }

@@ -101,7 +101,7 @@ func runCommit(c *cli.Context) error {
 		rec.Changes = []layers.Change{}
 	}
 	if c.Bool("git") && len(rec.Changes) > 0 {
-		h, err := commit.GitCommit(sb.meta.Lowers[0], commit.GitPaths(rec.Changes), commit.GitCommitOptions{Message: rec.Message, Moves: commit.GitMoves(rec.Changes)})
+		h, err := gitCommit(sb.meta.Lowers[0], rec.Changes, rec.Message)
 		if err != nil {
 			defer func() { _ = finishCommit(c, sb, ctl, &rec) }()
 			return failf(exitCommitFailed, "the changes are committed to %s, but the git commit failed: %v; commit them with git", sb.meta.Lowers[0], err)
@@ -116,6 +116,22 @@ func runCommit(c *cli.Context) error {
 	}
 	fmt.Fprintf(c.App.Writer, "committed %d changes to %s\n", len(rec.Changes), sb.meta.Lowers[0])
 	return nil
+}
+
+// gitCommit makes the git commit of --git: the changes committed to orig,
+// with the message msg. It returns "" and no error when there is nothing
+// for git to record (only the repository's own files changed, or a git
+// commit made in the sandbox records them already).
+func gitCommit(orig string, changes []layers.Change, msg string) (string, error) {
+	paths, moves := commit.GitPaths(changes), commit.GitMoves(changes)
+	if len(paths) == 0 && len(moves) == 0 {
+		return "", nil
+	}
+	h, err := commit.GitCommit(orig, paths, commit.GitCommitOptions{Message: msg, Moves: moves})
+	if errors.Is(err, commit.ErrGitNothingToCommit) {
+		return "", nil
+	}
+	return h, err
 }
 
 // finishCommit ends the sandbox after its commit: reset and kept, or

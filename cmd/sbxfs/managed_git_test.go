@@ -87,6 +87,23 @@ func TestManagedCommitGit(t *testing.T) {
 		assert.Equal(t, map[string]string{out.ID: git1("rev-parse", "HEAD")}, out.Commit.GitCommits)
 		assert.Equal(t, "agent", git1("log", "-1", "--format=%s"))
 
+		// What git itself changes in the sandbox is not content: an
+		// index git status refreshed, the objects and refs of a commit
+		// CMD made with git (then nothing is left to commit: no empty
+		// commit on top of CMD's).
+		r = e.sbxfs("run", "--in-place", "--commit-on-success", "--git", "-m", "after status", o1, "--",
+			"sh", "-c", "touch a.txt && git status --porcelain >/dev/null && echo t > t.txt")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Equal(t, "A\tt.txt", git1("show", "--name-status", "--format=", "HEAD"))
+		r = e.sbxfs("run", "--in-place", "--commit-on-success", "--git", "--json", o1, "--",
+			"sh", "-c", "echo u > u.txt && git add u.txt && git -c user.name=t -c user.email=t@t commit -q -m by-cmd")
+		require.Equal(t, 0, r.code, r.stderr)
+		out = runJSON{}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		assert.Empty(t, out.Commit.GitCommits, "git records CMD's commit already")
+		assert.Equal(t, "by-cmd", git1("log", "-1", "--format=%s"))
+		assert.Empty(t, git1("status", "--porcelain"))
+
 		marker := filepath.Join(e.base, "ran")
 		assertFailure(t, e.sbxfs("run", "--git", o1, "--", "touch", marker), exitUsage, "give --commit-on-success too")
 		plain := e.original("plain")
