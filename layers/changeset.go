@@ -128,10 +128,10 @@ func replay(recs []Record) *touched {
 			t.touch(r.Path, true)
 			t.touch(r.Path2, true)
 			t.setLink(r.Path, r.Path2)
-			t.made[r.Path] = true
+			t.madeAt(r.Path)
 		case OpCreate, OpMkdir, OpMknod, OpSymlink:
 			t.touch(r.Path, true)
-			t.made[r.Path] = true
+			t.madeAt(r.Path)
 		case OpUnlink, OpRmdir:
 			t.touch(r.Path, true)
 			delete(t.made, r.Path)
@@ -146,6 +146,17 @@ func replay(recs []Record) *touched {
 func (t *touched) touch(p string, content bool) {
 	t.paths[p] = content
 	t.index.add(p)
+}
+
+// madeAt records that the sandbox made a new object at p. Where p had
+// been renamed to from an original path (and what was moved there was
+// removed since, or the name could not be made), the new object has no
+// counterpart there: p's lineage ends, and what lies beneath p maps to
+// nothing through it. The removal of what was moved to p is named by the
+// path it was moved from (touched by the move).
+func (t *touched) madeAt(p string) {
+	t.made[p] = true
+	delete(t.from, p)
 }
 
 // setLink records that the name k was linked to the object at v.

@@ -366,6 +366,36 @@ func TestChangeSetRenameOntoDeletedName(t *testing.T) {
 	assert.Contains(t, got, "deleted b/y")
 }
 
+// TestChangeSetNewDirectoryWhereAMovedOneWasRemoved: mv d d2; rm -r d2;
+// mkdir -p d2/sub; a file in it (git moving a directory, then checking
+// out a commit without the move and one with it). The new d2 is no
+// longer the original's d: before, the change set took d/sub for the
+// new d2/sub's original, found the upper directory merging nothing, and
+// refused with ErrOriginalChanging every time.
+func TestChangeSetNewDirectoryWhereAMovedOneWasRemoved(t *testing.T) {
+	s := newStack(t, map[string]string{"d/sub/f": "1", "d/g": "2"})
+	var o Obj
+	require.NoError(t, s.Rename("", s.dir(""), "d", &o, "", s.dir(""), "d2", 0, s.c))
+	require.NoError(t, s.Unlink("d2/sub", s.dir("d2/sub"), "f", s.c))
+	require.NoError(t, s.Rmdir("d2", s.dir("d2"), "sub", s.c))
+	require.NoError(t, s.Unlink("d2", s.dir("d2"), "g", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "d2", s.c))
+	_, err := s.Mkdir("", s.dir(""), "d2", 0o755, s.c)
+	require.NoError(t, err)
+	_, err = s.Mkdir("d2", s.dir("d2"), "sub", 0o755, s.c)
+	require.NoError(t, err)
+	fd, _, err := s.Create("d2/sub", s.dir("d2/sub"), "f", 0o644, s.c)
+	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	var got []string
+	for _, c := range cs.Changes {
+		got = append(got, string(c.Kind)+" "+c.Path+" "+c.From)
+	}
+	assert.Equal(t, []string{"deleted d ", "created d2 ", "created d2/sub ", "created d2/sub/f "}, got)
+}
+
 // TestCopyUpOnEveryUpper: a copy-up is whole (content, mode, xattrs,
 // times) whether the upper's filesystem orders data before a later
 // rename (journaled ext4: the copy is not fsynced, its writeback is
