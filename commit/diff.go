@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -100,9 +101,14 @@ func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func
 		return err
 	}
 	defer r.close()
-	changes := cs.Changes
+	changes := slices.Clone(cs.Changes)
 	if opts.listing {
 		changes = cs.Listing()
+	}
+	for i := range changes {
+		changes[i] = r.shown(changes[i])
+	}
+	if opts.listing {
 		r.leaveToListing(changes)
 	}
 	dirs := map[string]bool{} // every proper ancestor of a changed path

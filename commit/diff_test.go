@@ -352,6 +352,57 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 	}
 }
 
+// TestDiffOfATreeMadeAgain: rm -r g, then g made again with files at the
+// original's paths (git checkout, a build that cleans its output, npm
+// ci). The change set has the new g replace the original's whole, its
+// files new; status and the diff forms compare each file made again
+// with the original's at its path, as git does: M, and a patch git
+// apply takes. (Before, each was listed D and A, and the patch deleted
+// it twice: git apply refused.) A file the original has there no longer
+// is removed; a symlink made again is modified; a directory of the
+// original moved away leaves a new one there new.
+func TestDiffOfATreeMadeAgain(t *testing.T) {
+	t.Parallel()
+	files := map[string]string{"g/f": "one\n", "g/n/f": "two\n", "g/old": "old\n", "g/same": "same\n", "g/ln": "-> f",
+		"m/x": "x\n", "keep": "k\n"}
+	s := newDiffSandbox(t, files)
+	for _, p := range []string{"g/n/f", "g/n", "g/f", "g/old", "g/same", "g/ln", "g"} {
+		s.remove(p)
+	}
+	s.mkdir("g")
+	s.mkdir("g/n")
+	s.create("g/f", "remade\n")
+	s.create("g/n/f", "two\n")
+	s.create("g/same", "same\n")
+	s.symlink("g/ln", "n/f")
+	s.rename("m", "m2")
+	s.mkdir("m")
+	s.create("m/x", "new x\n")
+	cs := s.changes()
+
+	got, err := StatusListing(s.cfg, cs)
+	require.NoError(t, err)
+	assert.Equal(t, "A g, M g/f, M g/ln, A g/n, M g/n/f, D g/old, M g/same, A m, A m/x, R m2", statusLines(got))
+
+	var b bytes.Buffer
+	require.NoError(t, NameStatusWithTypes(&b, s.cfg, cs))
+	assert.Equal(t, "A\tg\nM\tg/f\nM\tg/ln\nA\tg/n\nM\tg/n/f\nD\tg/old\nM\tg/same\nA\tm\nA\tm/x\nR\tm\tm2\nR\tm/x\tm2/x\n", b.String())
+
+	patch := s.diff(DiffOptions{Binary: true})
+	assert.Contains(t, patch, "diff --git a/g/f b/g/f\n--- a/g/f\n+++ b/g/f\n@@ -1 +1 @@\n-one\n+remade\n")
+	assert.Equal(t, 1, strings.Count(patch, "deleted file mode"), "g/old only, once:\n%s", patch)
+	work := t.TempDir()
+	writeTestFiles(t, work, files)
+	cmd := exec.Command("git", "apply", "-")
+	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
+	want := t.TempDir()
+	writeTestFiles(t, want, map[string]string{"g/f": "remade\n", "g/n/f": "two\n", "g/same": "same\n", "g/ln": "-> n/f",
+		"m/x": "new x\n", "m2/x": "x\n", "keep": "k\n"})
+	assert.Equal(t, snapshot(t, want), snapshot(t, work))
+}
+
 // statusLines is a status listing on one line: "D g, A g, ...".
 func statusLines(changes []layers.Change) string {
 	var out []string

@@ -130,19 +130,7 @@ func (r *diffReader) movedInDeletion(c layers.Change) bool {
 // original's object at p: a change compares with it, or it or a
 // directory above it is renamed.
 func (r *diffReader) handled(p string) bool {
-	if r.olds[p] {
-		return true
-	}
-	for q := p; ; {
-		if r.sources[q] {
-			return true
-		}
-		i := strings.LastIndexByte(q, '/')
-		if i < 0 {
-			return false
-		}
-		q = q[:i]
-	}
+	return r.olds[p] || r.movedAway(p)
 }
 
 // movedWith fills d.moved and d.gone with the files and symlinks beneath
@@ -258,12 +246,15 @@ func (r *diffReader) leaveToListing(listing []layers.Change) {
 // did; not those beneath a renamed directory, which is one entry here
 // (the diff forms name what it moves).
 func StatusListing(cfg layers.Config, cs layers.ChangeSet) ([]layers.Change, error) {
-	listing := cs.Listing()
 	r, err := openDiffReader(cfg, cs, pairOpts{listing: true, noContent: true, dropsOnly: true})
 	if err != nil {
 		return nil, err
 	}
 	defer r.close()
+	listing := cs.Listing()
+	for i := range listing {
+		listing[i] = r.shown(listing[i])
+	}
 	r.leaveToListing(listing)
 	out := slices.Clone(listing)
 	var walked []string // the directories read beneath so far

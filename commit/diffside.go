@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -97,6 +98,7 @@ type diffReader struct {
 	changes                map[string]layers.Change
 	sources, olds, inPlace map[string]bool
 	gone                   map[string]bool // deletions added (addGone)
+	recreated              map[string]bool // made again where the original has one (findRecreated)
 	// For the listing forms: the original paths the Listing names
 	// removed, which addGone leaves to it.
 	listedRemovals map[string]bool
@@ -122,12 +124,18 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 			r.sources[c.From] = true
 		}
 	}
+	if err := r.findRecreated(cs.Changes); err != nil {
+		r.close()
+		return nil, err
+	}
 	for _, c := range cs.Changes {
+		c = r.shown(c)
 		if old, ok := r.oldPathOf(c); ok && old == c.Path {
 			r.inPlace[old] = true
 		}
 	}
 	for _, c := range cs.Changes {
+		c = r.shown(c)
 		r.changes[c.Path] = c
 		if r.movedInDeletion(c) {
 			continue
@@ -137,6 +145,78 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 		}
 	}
 	return r, nil
+}
+
+// findRecreated finds the files and symlinks the sandbox made beneath a
+// directory it made in place of the original's (rm -r d; mkdir d; a file
+// at a path the original has one: git checkout, a build that cleans its
+// output first, npm ci). The change set has them new, as the commit
+// applies them (the new directory replaces the original's whole); shown,
+// each compares with the original's object at its path, as git compares
+// them (shown). Before, status listed them removed and made (D and A of
+// one path), and the patch deleted each twice (git apply refused it).
+func (r *diffReader) findRecreated(changes []layers.Change) error {
+	replacing := map[string]bool{} // new directories where the original has one
+	for _, c := range changes {
+		if c.Kind == layers.Created && c.Type == "dir" && !r.movedAway(c.Path) {
+			t, err := r.origType(c.Path)
+			if err != nil {
+				return err
+			}
+			replacing[c.Path] = t == "dir"
+		}
+	}
+	r.recreated = map[string]bool{}
+	for _, c := range changes {
+		if c.Kind != layers.Created || c.Type == "dir" || !underAny(replacing, c.Path) || r.movedAway(c.Path) {
+			continue
+		}
+		t, err := r.origType(c.Path)
+		if err != nil {
+			return err
+		}
+		r.recreated[c.Path] = t != "" && t != "dir"
+	}
+	return nil
+}
+
+// underAny reports whether a proper ancestor of p is in set.
+func underAny(set map[string]bool, p string) bool {
+	for {
+		i := strings.LastIndexByte(p, '/')
+		if i < 0 {
+			return false
+		}
+		p = p[:i]
+		if set[p] {
+			return true
+		}
+	}
+}
+
+// movedAway reports whether the original's object at p, or a directory
+// above it, is renamed elsewhere.
+func (r *diffReader) movedAway(p string) bool {
+	for q := p; ; {
+		if r.sources[q] {
+			return true
+		}
+		i := strings.LastIndexByte(q, '/')
+		if i < 0 {
+			return false
+		}
+		q = q[:i]
+	}
+}
+
+// shown is c as the diff forms and the listing show it: a file the
+// sandbox made again where the original has one (findRecreated) is
+// modified.
+func (r *diffReader) shown(c layers.Change) layers.Change {
+	if c.Kind == layers.Created && r.recreated[c.Path] {
+		c.Kind = layers.Modified
+	}
+	return c
 }
 
 // oldPathOf is the original path c compares with (false for a new
