@@ -78,8 +78,9 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 		if err != nil {
 			return err
 		}
-		if old.exists {
+		if old.exists && !r.gone[c.Path] { // not deleted with a directory before
 			d.replaced = &old
+			r.gone[c.Path] = true
 		}
 		if old.typ() == unix.S_IFDIR {
 			if err := r.goneBeneath(d, c.Path); err != nil {

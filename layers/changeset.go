@@ -398,8 +398,25 @@ func checkPaths(recs []Record) error {
 }
 
 // counterpart is the original path of what sits at p now: p itself, or
-// p translated through the nearest renamed ancestor (or p's own rename).
-func (t *touched) counterpart(p string) string { return Counterpart(t.from, p) }
+// p translated through the nearest renamed ancestor (or p's own rename);
+// madeHere beneath a directory the sandbox made (nearer than any rename),
+// which has no original counterpart: rm -r d/c; mkdir d/c; mv d e: e/c/x
+// is not the original's d/c/x.
+func (t *touched) counterpart(p string) string {
+	for q := p; ; {
+		if from, ok := t.from[q]; ok {
+			return from + p[len(q):]
+		}
+		if q != p && t.made[q] {
+			return madeHere + p[len(q):]
+		}
+		i := strings.LastIndexByte(q, '/')
+		if i < 0 {
+			return p
+		}
+		q = q[:i]
+	}
+}
 
 // Counterpart translates p through renamed (a path -> the original path
 // it was renamed from): p's own rename, else its nearest renamed

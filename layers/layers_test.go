@@ -396,6 +396,34 @@ func TestChangeSetNewDirectoryWhereAMovedOneWasRemoved(t *testing.T) {
 	assert.Equal(t, []string{"deleted d ", "created d2 ", "created d2/sub ", "created d2/sub/f "}, got)
 }
 
+// TestChangeSetRemadeDirectoryMovedWithItsParent: rm -r a/b/c; mkdir -p
+// a/b/c/d; a file in it; mv a/b n2. What was made in a/b moves with it,
+// and has no original through a/b's lineage: before, n2/c/d was taken
+// for the original's a/b/c/d, an upper directory merging none of it, and
+// the change set refused every read with ErrOriginalChanging.
+func TestChangeSetRemadeDirectoryMovedWithItsParent(t *testing.T) {
+	s := newStack(t, map[string]string{"a/b/c/d/f": "1", "a/b/g": "2"})
+	var o Obj
+	require.NoError(t, s.Unlink("a/b/c/d", s.dir("a/b/c/d"), "f", s.c))
+	require.NoError(t, s.Rmdir("a/b/c", s.dir("a/b/c"), "d", s.c))
+	require.NoError(t, s.Rmdir("a/b", s.dir("a/b"), "c", s.c))
+	_, err := s.Mkdir("a/b", s.dir("a/b"), "c", 0o755, s.c)
+	require.NoError(t, err)
+	_, err = s.Mkdir("a/b/c", s.dir("a/b/c"), "d", 0o755, s.c)
+	require.NoError(t, err)
+	fd, _, err := s.Create("a/b/c/d", s.dir("a/b/c/d"), "f", 0o644, s.c)
+	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd))
+	require.NoError(t, s.Rename("a", s.dir("a"), "b", &o, "", s.dir(""), "n2", 0, s.c))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	var got []string
+	for _, c := range cs.Changes {
+		got = append(got, string(c.Kind)+" "+c.Path+" "+c.From)
+	}
+	assert.Equal(t, []string{"renamed n2 a/b", "created n2/c ", "created n2/c/d ", "created n2/c/d/f "}, got)
+}
+
 // TestCopyUpOnEveryUpper: a copy-up is whole (content, mode, xattrs,
 // times) whether the upper's filesystem orders data before a later
 // rename (journaled ext4: the copy is not fsynced, its writeback is
