@@ -398,11 +398,16 @@ func checkPaths(recs []Record) error {
 }
 
 // counterpart is the original path of what sits at p now: p itself, or
-// p translated through the nearest renamed ancestor (or p's own rename);
-// madeHere beneath a directory the sandbox made (nearer than any rename),
-// which has no original counterpart: rm -r d/c; mkdir d/c; mv d e: e/c/x
-// is not the original's d/c/x.
-func (t *touched) counterpart(p string) string {
+// p translated through the nearest renamed ancestor (or p's own rename).
+func (t *touched) counterpart(p string) string { return Counterpart(t.from, p) }
+
+// counterpartHere is counterpart for a path the overlay has now: madeHere
+// beneath a directory above it that the sandbox made (nearer than any
+// rename), which has no original counterpart: rm -r d/c; mkdir d/c; mv d
+// e: e/c/x is not the original's d/c/x. (Only for a path there now: the
+// made flags are of the objects at those paths now, and a removed path
+// may have lain in another object that had one's name.)
+func (t *touched) counterpartHere(p string) string {
 	for q := p; ; {
 		if from, ok := t.from[q]; ok {
 			return from + p[len(q):]
@@ -447,6 +452,9 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		testHookResolved(p)
 	}
 	cp := t.counterpart(p)
+	if inOv {
+		cp = t.counterpartHere(p)
+	}
 	lo, inLo, err := l.resolveLower(cp)
 	if err != nil {
 		return Change{}, false, err

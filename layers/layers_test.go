@@ -424,6 +424,31 @@ func TestChangeSetRemadeDirectoryMovedWithItsParent(t *testing.T) {
 	assert.Equal(t, []string{"renamed n2 a/b", "created n2/c ", "created n2/c/d ", "created n2/c/d/f "}, got)
 }
 
+// TestChangeSetRemovalBeneathANameMadeAgain: mv h/f a/b/c/f (over the
+// original's file); rm it; rm -r a/b; a new file a/b. The removal of
+// what h/f replaced is found through a/b/c's lineage, which the new a/b
+// (made in the sandbox, another object) must not cut: the listing names
+// the original's a/b/c/f removed.
+func TestChangeSetRemovalBeneathANameMadeAgain(t *testing.T) {
+	s := newStack(t, map[string]string{"a/b/c/f": "1", "a/b/c/g": "2", "h/f": "3"})
+	var o Obj
+	require.NoError(t, s.Rename("h", s.dir("h"), "f", &o, "a/b/c", s.dir("a/b/c"), "f", 0, s.c))
+	require.NoError(t, s.Unlink("a/b/c", s.dir("a/b/c"), "f", s.c))
+	require.NoError(t, s.Unlink("a/b/c", s.dir("a/b/c"), "g", s.c))
+	require.NoError(t, s.Rmdir("a/b", s.dir("a/b"), "c", s.c))
+	require.NoError(t, s.Rmdir("a", s.dir("a"), "b", s.c))
+	fd, _, err := s.Create("a", s.dir("a"), "b", 0o644, s.c)
+	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	var got []string
+	for _, c := range cs.Listing() {
+		got = append(got, string(c.Kind)+" "+c.Path)
+	}
+	assert.Equal(t, []string{"modified a/b", "deleted a/b/c", "deleted a/b/c/f", "deleted a/b/c/g", "deleted h/f"}, got)
+}
+
 // TestCopyUpOnEveryUpper: a copy-up is whole (content, mode, xattrs,
 // times) whether the upper's filesystem orders data before a later
 // rename (journaled ext4: the copy is not fsynced, its writeback is

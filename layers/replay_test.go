@@ -59,32 +59,8 @@ func naiveReplay(recs []Record) naiveTouched {
 	return t
 }
 
-// counterpart is touched.counterpart, by the definition: the nearest
-// ancestor (or p) with a rename, unless a proper ancestor nearer is made.
-func (t naiveTouched) counterpart(p string) string {
-	best, made := "", ""
-	found, inMade := false, false
-	for k := range t.from {
-		if (k == p || strings.HasPrefix(p, k+"/")) && (!found || len(k) > len(best)) {
-			best, found = k, true
-		}
-	}
-	for k, v := range t.made {
-		if v && strings.HasPrefix(p, k+"/") && (!inMade || len(k) > len(made)) {
-			made, inMade = k, true
-		}
-	}
-	switch {
-	case inMade && (!found || len(made) > len(best)):
-		return madeHere + p[len(made):]
-	case found:
-		return t.from[best] + p[len(best):]
-	}
-	return p
-}
-
 func (t naiveTouched) move(old, new string) {
-	origFrom := t.counterpart(old)
+	origFrom := Counterpart(t.from, old)
 	if t.made[old] {
 		origFrom = madeHere
 	}
