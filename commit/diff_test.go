@@ -403,6 +403,35 @@ func TestDiffOfATreeMadeAgain(t *testing.T) {
 	assert.Equal(t, snapshot(t, want), snapshot(t, work))
 }
 
+// TestListingNamesTheDirectoriesADroppedTreeHad: the listing forms name
+// each directory of the original that went with a replaced one and that
+// no entry names (as rm -r lists each), not only its files: h made again,
+// then its new h/i exchanged for a file (the original's h/i/j is gone,
+// and no change of the set is at its path).
+func TestListingNamesTheDirectoriesADroppedTreeHad(t *testing.T) {
+	t.Parallel()
+	s := newDiffSandbox(t, map[string]string{"h/i/j/f": "f\n", "g/x": "x\n"})
+	for _, p := range []string{"h/i/j/f", "h/i/j", "h/i", "h"} {
+		s.remove(p)
+	}
+	for _, p := range []string{"h", "h/i", "h/i/j"} {
+		s.mkdir(p)
+	}
+	s.create("h/i/j/f", "f2\n")
+	s.exchange("g/x", "h/i")
+	cs := s.changes()
+	got, err := StatusListing(s.cfg, cs)
+	require.NoError(t, err)
+	assert.Equal(t, "A g/x, A g/x/j, A g/x/j/f, A h, R h/i, D h/i/j, D h/i/j/f", statusLines(got))
+	fds, err := DiffJSON(s.cfg, cs)
+	require.NoError(t, err)
+	var paths []string
+	for _, f := range fds {
+		paths = append(paths, f.Status+" "+f.Path)
+	}
+	assert.Equal(t, []string{"A g/x", "A g/x/j", "A g/x/j/f", "A h", "R h/i", "D h/i/j", "D h/i/j/f"}, paths)
+}
+
 // statusLines is a status listing on one line: "D g, A g, ...".
 func statusLines(changes []layers.Change) string {
 	var out []string

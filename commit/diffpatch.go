@@ -162,10 +162,17 @@ func (r *diffReader) movedWith(d *diffPair, from, to string) error {
 
 // goneBeneath fills d.gone with the files and symlinks beneath the
 // original directory at p, which the sandbox removed or replaced, that
-// no other change deals with.
+// no other change deals with; for the listing forms also the directories
+// no entry names (as rm -r lists each).
 func (r *diffReader) goneBeneath(d *diffPair, p string) error {
 	return r.walkOriginal(p, p, func(o, _ string, typ os.FileMode) (bool, error) {
-		if typ.IsDir() || r.olds[o] {
+		if typ.IsDir() {
+			if _, named := r.changes[o]; r.opts.listing && !named && !r.olds[o] {
+				return true, r.addGone(d, o)
+			}
+			return true, nil
+		}
+		if r.olds[o] {
 			return true, nil
 		}
 		return false, r.addGone(d, o)
