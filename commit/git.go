@@ -46,6 +46,12 @@ type GitCommitOptions struct {
 	// Moves are the directories renamed (GitMoves of the changes): the
 	// files HEAD tracks beneath them move with them.
 	Moves []GitMove
+	// Replaced are the directories made anew, in place of whatever the
+	// path held (GitReplaced of the changes): what HEAD tracks beneath
+	// them goes (after Moves), and what they hold now is among the paths.
+	// Without it, a directory the sandbox removed and made again kept in
+	// the commit the files HEAD had there that it no longer has.
+	Replaced []string
 }
 
 // Errors of GitCommit.
@@ -87,11 +93,15 @@ func GitCommit(root string, paths []string, opt GitCommitOptions) (string, error
 	if err != nil {
 		return "", err
 	}
+	replaced, err := g.workPaths(opt.Replaced)
+	if err != nil {
+		return "", err
+	}
 	moves, err := g.workMoves(opt.Moves)
 	if err != nil {
 		return "", err
 	}
-	h, err := g.commit(rel, moves, opt)
+	h, err := g.commit(rel, replaced, moves, opt)
 	if err != nil {
 		return "", fmt.Errorf("git commit in %s: %w", g.top, err)
 	}
@@ -208,7 +218,7 @@ func (g *gitWork) head() (plumbing.ReferenceName, plumbing.Hash, error) {
 	return ref.Target(), branch.Hash(), nil
 }
 
-func (g *gitWork) commit(paths []string, moves gitMoves, opt GitCommitOptions) (plumbing.Hash, error) {
+func (g *gitWork) commit(paths, replaced []string, moves gitMoves, opt GitCommitOptions) (plumbing.Hash, error) {
 	lock, err := lockGitFile(filepath.Join(g.dirs.dir, "index"))
 	if err != nil {
 		return plumbing.ZeroHash, err
@@ -235,7 +245,7 @@ func (g *gitWork) commit(paths []string, moves gitMoves, opt GitCommitOptions) (
 	if err := tree.move(moves); err != nil {
 		return plumbing.ZeroHash, err
 	}
-	edit, err := g.stage(tree, paths)
+	edit, err := g.stage(tree, paths, replaced)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
@@ -290,13 +300,19 @@ func (g *gitWork) newCommit(tree plumbing.Hash, parents []plumbing.Hash, opt Git
 
 // stage brings each path's work tree state into tree and returns the
 // matching index edit.
-func (g *gitWork) stage(tree *gitTree, paths []string) (*gitIndexEdit, error) {
+func (g *gitWork) stage(tree *gitTree, paths, replaced []string) (*gitIndexEdit, error) {
 	top, err := unix.Open(g.top, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open work tree: %w", err)
 	}
 	defer unix.Close(top)
 	edit := newGitIndexEdit()
+	for _, p := range replaced {
+		if err := tree.remove(p, false); err != nil {
+			return nil, err
+		}
+		edit.remove(p)
+	}
 	for _, p := range paths {
 		f, err := readWorkFile(g.repo.Storer, top, p)
 		if err != nil {
@@ -355,6 +371,18 @@ func firstNonEmpty(s ...string) string {
 func CheckGitWorkTree(root string) error {
 	_, err := openGitWork(root)
 	return err
+}
+
+// GitReplaced lists the directories the changes made anew
+// (GitCommitOptions.Replaced), but those in a .git directory.
+func GitReplaced(changes []layers.Change) []string {
+	var out []string
+	for _, c := range changes {
+		if c.Kind == layers.Created && c.Type == "dir" && c.Path != "" && !isGitDir(c.Path) {
+			out = append(out, c.Path)
+		}
+	}
+	return out
 }
 
 // GitPaths lists the paths a git commit of the changes must record: every

@@ -228,6 +228,32 @@ func TestGitCommitErrors(t *testing.T) {
 	assert.FileExists(t, lock, "someone else's lock is left alone")
 }
 
+// TestGitCommitOfAReplacedDirectory: h removed and made again holding
+// less (rm -r h; a build writes h/a anew, h/b moved out first): the
+// commit drops what HEAD tracks beneath h that h no longer has, records
+// the move, and keeps what h holds now. (Without Replaced, h/c stayed in
+// the commit though the work tree lost it: git status showed it
+// deleted.)
+func TestGitCommitOfAReplacedDirectory(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{"h/a": "a\n", "h/b": "b\n", "h/c": "c\n", "h/d/e": "e\n", "other": "o\n"})
+	require.NoError(t, os.Rename(filepath.Join(dir, "h/b"), filepath.Join(dir, "k")))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "h")))
+	writeTestFiles(t, dir, map[string]string{"h/a": "new a\n", "h/d/": ""})
+	changes := []layers.Change{
+		{Path: "h", Kind: layers.Created, Type: "dir"},
+		{Path: "h/a", Kind: layers.Created, Type: "file"},
+		{Path: "h/d", Kind: layers.Created, Type: "dir"},
+		{Path: "k", From: "h/b", Kind: layers.Renamed, Type: "file"},
+	}
+	assert.Equal(t, []string{"h", "h/d"}, GitReplaced(changes))
+	_, err := GitCommit(dir, GitPaths(changes), GitCommitOptions{Message: "m", Moves: GitMoves(changes), Replaced: GitReplaced(changes)})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"D\th/c", "D\th/d/e", "M\th/a", "R100\th/b\tk"}, sortedLines(gitIn(t, dir, "show", "-M", "--name-status", "--format=", "HEAD")))
+	assert.Empty(t, gitIn(t, dir, "status", "--porcelain"))
+	requireFsck(t, dir)
+}
+
 // TestGitCommitOfWhatGitRecordsAlready: a git commit made in the sandbox
 // comes with the changes (the repository's own files changed too): the
 // paths hold what HEAD records, and no empty commit is made on top. And

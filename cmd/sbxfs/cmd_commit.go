@@ -127,7 +127,7 @@ func gitCommit(orig string, changes []layers.Change, msg string) (string, error)
 	if len(paths) == 0 && len(moves) == 0 {
 		return "", nil
 	}
-	h, err := commit.GitCommit(orig, paths, commit.GitCommitOptions{Message: msg, Moves: moves})
+	h, err := commit.GitCommit(orig, paths, commit.GitCommitOptions{Message: msg, Moves: moves, Replaced: commit.GitReplaced(changes)})
 	if errors.Is(err, commit.ErrGitNothingToCommit) {
 		return "", nil
 	}
