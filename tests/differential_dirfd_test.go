@@ -20,10 +20,11 @@ import (
 // they were found with (diffCommitSeeds), and -diff.opset 1 reruns a
 // history found before this set.
 
-const diffOpSetLatest = 2
+const diffOpSetLatest = 3
 
 var flagDiffOpSet = flag.Int("diff.opset", diffOpSetLatest, "operations the differential tests draw from: "+
-	"1 (files, directories, links, xattrs, descriptors), 2 (also directories held open and *at calls, chown, fallocate, copy_file_range, mmap, O_TMPFILE)")
+	"1 (files, directories, links, xattrs, descriptors), 2 (also directories held open and *at calls, chown, fallocate, copy_file_range, mmap, O_TMPFILE), "+
+	"3 (also rm -rf of a tree and making a removed tree again, as git checkout does)")
 
 var diffOps2 = []weightedOp{
 	{3, opDirOpen}, {10, opDirAt}, {2, opDirList}, {2, opDirMeta}, {3, opDirMove},
@@ -33,10 +34,13 @@ var diffOps2 = []weightedOp{
 
 // diffOpsOf returns the operations of set n.
 func diffOpsOf(n int) []weightedOp {
-	if n <= 1 {
+	switch {
+	case n <= 1:
 		return diffOps
+	case n == 2:
+		return slices.Concat(diffOps, diffOps2)
 	}
-	return slices.Concat(diffOps, diffOps2)
+	return slices.Concat(diffOps, diffOps2, diffOps3)
 }
 
 var diffOwners = []int{0, 1000, 65534, -1}

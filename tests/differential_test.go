@@ -185,6 +185,9 @@ type diffRun struct {
 	// groupIno holds the st_ino the mount shows for them.
 	links    *linkModel
 	groupIno map[uint64]bool
+	// removed holds trees opRemoveTree removed (each its entries, the
+	// top first), for opRemakeTree.
+	removed [][]diffEnt
 }
 
 const diffSlots = 4

@@ -1,0 +1,70 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Operation set 3: whole trees removed and made again, as git checkout
+// removes the files of a directory (and the directory) and writes them
+// back at another commit. With renames of directories in between, a
+// path can name the original's directory, then one moved there, then a
+// new one: the change set must follow each (a new directory where a
+// moved one was removed was taken for the moved one: ErrOriginalChanging
+// on every read).
+var diffOps3 = []weightedOp{{2, opRemoveTree}, {2, opRemakeTree}}
+
+// opRemoveTree removes a directory with everything beneath it (rm -rf).
+func opRemoveTree(r *diffRun) diffOp {
+	rel := r.existing(isDirEnt)
+	var tree []diffEnt
+	var drops []string
+	for _, e := range r.ents {
+		if e.rel == rel || strings.HasPrefix(e.rel, rel+"/") {
+			tree = append(tree, e)
+			if !isDirEnt(e) {
+				drops = append(drops, e.rel)
+			}
+		}
+	}
+	if len(tree) > 0 && len(r.removed) < 16 {
+		r.removed = append(r.removed, tree)
+	}
+	return diffOp{desc: fmt.Sprintf("rm -rf %q", rel), do: func(root string) (any, error) {
+		return nil, os.RemoveAll(filepath.Join(root, rel))
+	}, drops: drops}
+}
+
+// opRemakeTree makes a tree opRemoveTree removed again where it was: its
+// directories (mkdir -p) and regular files (new content), in the order
+// they were listed.
+func opRemakeTree(r *diffRun) diffOp {
+	if len(r.removed) == 0 {
+		return opMkdir(r)
+	}
+	tree := r.removed[r.rng.Intn(len(r.removed))]
+	var parts []string
+	for _, e := range tree {
+		if isFileEnt(e) {
+			parts = append(parts, e.rel)
+		}
+	}
+	return diffOp{desc: fmt.Sprintf("remake %q (%d entries)", tree[0].rel, len(tree)), do: func(root string) (any, error) {
+		for _, e := range tree {
+			p := filepath.Join(root, e.rel)
+			switch {
+			case isDirEnt(e):
+				if err := os.MkdirAll(p, 0o755); err != nil {
+					return nil, err
+				}
+			case isFileEnt(e):
+				if err := os.WriteFile(p, []byte("remade "+e.rel+"\n"), 0o644); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return nil, nil
+	}, parts: parts}
+}
