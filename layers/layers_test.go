@@ -384,16 +384,28 @@ func TestChangeSetNewDirectoryWhereAMovedOneWasRemoved(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Mkdir("d2", s.dir("d2"), "sub", 0o755, s.c)
 	require.NoError(t, err)
-	fd, _, err := s.Create("d2/sub", s.dir("d2/sub"), "f", 0o644, s.c)
-	require.NoError(t, err)
-	require.NoError(t, unix.Close(fd))
+	s.createEmpty("d2/sub", "f")
+	assert.Equal(t, []string{"deleted d ", "created d2 ", "created d2/sub ", "created d2/sub/f "}, s.changeLines())
+}
+
+// createEmpty makes the empty file name in dir through the layers.
+func (s *stack) createEmpty(dir, name string) {
+	s.t.Helper()
+	fd, _, err := s.Create(dir, s.dir(dir), name, 0o644, s.c)
+	require.NoError(s.t, err)
+	require.NoError(s.t, unix.Close(fd))
+}
+
+// changeLines is the change set as "kind path from" lines.
+func (s *stack) changeLines() []string {
+	s.t.Helper()
 	cs, err := s.Changes()
-	require.NoError(t, err)
-	var got []string
+	require.NoError(s.t, err)
+	var out []string
 	for _, c := range cs.Changes {
-		got = append(got, string(c.Kind)+" "+c.Path+" "+c.From)
+		out = append(out, string(c.Kind)+" "+c.Path+" "+c.From)
 	}
-	assert.Equal(t, []string{"deleted d ", "created d2 ", "created d2/sub ", "created d2/sub/f "}, got)
+	return out
 }
 
 // TestChangeSetRemadeDirectoryMovedWithItsParent: rm -r a/b/c; mkdir -p
@@ -411,17 +423,9 @@ func TestChangeSetRemadeDirectoryMovedWithItsParent(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Mkdir("a/b/c", s.dir("a/b/c"), "d", 0o755, s.c)
 	require.NoError(t, err)
-	fd, _, err := s.Create("a/b/c/d", s.dir("a/b/c/d"), "f", 0o644, s.c)
-	require.NoError(t, err)
-	require.NoError(t, unix.Close(fd))
+	s.createEmpty("a/b/c/d", "f")
 	require.NoError(t, s.Rename("a", s.dir("a"), "b", &o, "", s.dir(""), "n2", 0, s.c))
-	cs, err := s.Changes()
-	require.NoError(t, err)
-	var got []string
-	for _, c := range cs.Changes {
-		got = append(got, string(c.Kind)+" "+c.Path+" "+c.From)
-	}
-	assert.Equal(t, []string{"renamed n2 a/b", "created n2/c ", "created n2/c/d ", "created n2/c/d/f "}, got)
+	assert.Equal(t, []string{"renamed n2 a/b", "created n2/c ", "created n2/c/d ", "created n2/c/d/f "}, s.changeLines())
 }
 
 // TestChangeSetRemovalBeneathANameMadeAgain: mv h/f a/b/c/f (over the
@@ -437,9 +441,7 @@ func TestChangeSetRemovalBeneathANameMadeAgain(t *testing.T) {
 	require.NoError(t, s.Unlink("a/b/c", s.dir("a/b/c"), "g", s.c))
 	require.NoError(t, s.Rmdir("a/b", s.dir("a/b"), "c", s.c))
 	require.NoError(t, s.Rmdir("a", s.dir("a"), "b", s.c))
-	fd, _, err := s.Create("a", s.dir("a"), "b", 0o644, s.c)
-	require.NoError(t, err)
-	require.NoError(t, unix.Close(fd))
+	s.createEmpty("a", "b")
 	cs, err := s.Changes()
 	require.NoError(t, err)
 	var got []string
