@@ -245,7 +245,7 @@ func (g *gitWork) commit(paths, replaced []string, moves gitMoves, opt GitCommit
 	if err := tree.move(moves); err != nil {
 		return plumbing.ZeroHash, err
 	}
-	edit, err := g.stage(tree, paths, replaced)
+	edit, err := g.stage(tree, paths, replaced, moves)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
@@ -300,7 +300,7 @@ func (g *gitWork) newCommit(tree plumbing.Hash, parents []plumbing.Hash, opt Git
 
 // stage brings each path's work tree state into tree and returns the
 // matching index edit.
-func (g *gitWork) stage(tree *gitTree, paths, replaced []string) (*gitIndexEdit, error) {
+func (g *gitWork) stage(tree *gitTree, paths, replaced []string, moves gitMoves) (*gitIndexEdit, error) {
 	top, err := unix.Open(g.top, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open work tree: %w", err)
@@ -308,10 +308,15 @@ func (g *gitWork) stage(tree *gitTree, paths, replaced []string) (*gitIndexEdit,
 	defer unix.Close(top)
 	edit := newGitIndexEdit()
 	for _, p := range replaced {
-		if err := tree.remove(p, false); err != nil {
+		// What a move put there stays: a renamed directory's files are
+		// not among the paths.
+		removed, err := tree.removeExcept(p, moves.destinations())
+		if err != nil {
 			return nil, err
 		}
-		edit.remove(p)
+		for _, r := range removed {
+			edit.remove(r)
+		}
 	}
 	for _, p := range paths {
 		f, err := readWorkFile(g.repo.Storer, top, p)

@@ -236,20 +236,24 @@ func TestGitCommitErrors(t *testing.T) {
 // deleted.)
 func TestGitCommitOfAReplacedDirectory(t *testing.T) {
 	t.Parallel()
-	dir := newGitRepo(t, map[string]string{"h/a": "a\n", "h/b": "b\n", "h/c": "c\n", "h/d/e": "e\n", "other": "o\n"})
+	dir := newGitRepo(t, map[string]string{"h/a": "a\n", "h/b": "b\n", "h/c": "c\n", "h/d/e": "e\n", "other": "o\n",
+		"m/x": "x\n", "m/y/z": "z\n"})
 	require.NoError(t, os.Rename(filepath.Join(dir, "h/b"), filepath.Join(dir, "k")))
 	require.NoError(t, os.RemoveAll(filepath.Join(dir, "h")))
 	writeTestFiles(t, dir, map[string]string{"h/a": "new a\n", "h/d/": ""})
+	require.NoError(t, os.Rename(filepath.Join(dir, "m"), filepath.Join(dir, "h/d/m")))
 	changes := []layers.Change{
 		{Path: "h", Kind: layers.Created, Type: "dir"},
 		{Path: "h/a", Kind: layers.Created, Type: "file"},
 		{Path: "h/d", Kind: layers.Created, Type: "dir"},
+		{Path: "h/d/m", From: "m", Kind: layers.Renamed, Type: "dir"},
 		{Path: "k", From: "h/b", Kind: layers.Renamed, Type: "file"},
 	}
 	assert.Equal(t, []string{"h", "h/d"}, GitReplaced(changes))
 	_, err := GitCommit(dir, GitPaths(changes), GitCommitOptions{Message: "m", Moves: GitMoves(changes), Replaced: GitReplaced(changes)})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"D\th/c", "D\th/d/e", "M\th/a", "R100\th/b\tk"}, sortedLines(gitIn(t, dir, "show", "-M", "--name-status", "--format=", "HEAD")))
+	assert.Equal(t, []string{"D\th/c", "D\th/d/e", "M\th/a", "R100\th/b\tk", "R100\tm/x\th/d/m/x", "R100\tm/y/z\th/d/m/y/z"},
+		sortedLines(gitIn(t, dir, "show", "-M", "--name-status", "--format=", "HEAD")), "a directory moved into a remade one keeps its files")
 	assert.Empty(t, gitIn(t, dir, "status", "--porcelain"))
 	requireFsck(t, dir)
 }

@@ -59,6 +59,17 @@ func GitMoves(changes []layers.Change) []GitMove {
 // to the top.
 type gitMoves []GitMove
 
+// destinations lists where the moves put something.
+func (m gitMoves) destinations() []string {
+	var out []string
+	for _, mv := range m {
+		if mv.To != "" {
+			out = append(out, mv.To)
+		}
+	}
+	return out
+}
+
 func (g *gitWork) workMoves(moves []GitMove) (gitMoves, error) {
 	var out gitMoves
 	for _, m := range moves {

@@ -124,6 +124,53 @@ func (t *gitTree) remove(p string, nonDir bool) error {
 	return nil
 }
 
+// removeExcept takes p and everything beneath it out of the tree, but
+// what lies at or beneath one of keep, and returns the paths it took out.
+func (t *gitTree) removeExcept(p string, keep []string) ([]string, error) {
+	var mine []string
+	for _, k := range keep {
+		if k == p {
+			return nil, nil // p itself stays, whole
+		}
+		if strings.HasPrefix(k, p+"/") {
+			mine = append(mine, k)
+		}
+	}
+	if len(mine) == 0 {
+		return []string{p}, t.remove(p, false)
+	}
+	n, name, err := t.parent(p, false)
+	if err != nil || n == nil {
+		return nil, err
+	}
+	e := n.entries[name]
+	switch {
+	case e == nil:
+		return nil, nil
+	case e.mode != filemode.Dir:
+		return []string{p}, t.remove(p, false)
+	case e.sub == nil:
+		e.sub = &gitTreeNode{hash: e.hash}
+	}
+	if err := t.load(e.sub); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(e.sub.entries))
+	for c := range e.sub.entries {
+		names = append(names, c)
+	}
+	sort.Strings(names)
+	var removed []string
+	for _, c := range names {
+		r, err := t.removeExcept(p+"/"+c, mine)
+		if err != nil {
+			return nil, err
+		}
+		removed = append(removed, r...)
+	}
+	return removed, nil
+}
+
 // write stores every changed tree and returns the root tree's hash.
 func (t *gitTree) write() (plumbing.Hash, error) {
 	if err := t.load(t.root); err != nil {
