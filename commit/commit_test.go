@@ -584,6 +584,25 @@ func TestRemovedFromTheOriginalToo(t *testing.T) {
 	}
 }
 
+// TestRemovalThroughExchangedDirectoriesIsChecked: the original h/i
+// exchanged into g/n1/c/d, g/n1 exchanged with e/f, then e/f/c/d removed
+// (the original h/i and its f), and the original's h/i/f changed since.
+// The renames alone lead e/f/c/d/f back to g/n1/c/d/f, which the
+// original never had: the removal took h/i/f unchecked and --force lost
+// the original's change unannounced (TestDifferentialConcurrentCommit
+// seed 11 with the tree operations). It is checked at the original path
+// of what it removes, and named there.
+func TestRemovalThroughExchangedDirectoriesIsChecked(t *testing.T) {
+	s := newSandbox(t, map[string]string{"h/i/f": "f", "g/n1/c/d/x": "x", "e/f/c/y": "y"})
+	s.exchange("h/i", "g/n1/c/d")
+	s.exchange("e/f", "g/n1")
+	s.remove("e/f/c/d/f")
+	s.remove("e/f/c/d")
+	s.done()
+	require.NoError(t, os.Chmod(filepath.Join(s.orig, "h/i/f"), 0o600))
+	commitExpecting(t, s, []Conflict{{Path: "h/i/f", Reason: "mode changed in the original"}})
+}
+
 // commitExpecting commits s. Given conflicts, the commit must refuse with
 // exactly those and change nothing (it reports false); else it must
 // succeed (true).

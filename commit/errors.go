@@ -131,6 +131,11 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 	// commit make the sandbox's directory there.
 	symlinkOnTheWay := func(q string) { add(r.final(q), "replaced in the original", q) }
 	check := func(c layers.Change, p string, target bool) {
+		if c.Kind == layers.Deleted && c.Original != "" {
+			// A removal is named by the original path of what it
+			// removes, as status lists it.
+			c.Path = p
+		}
 		base, seen := bases[p]
 		there, st, err := orig.inTree(p)
 		switch {
@@ -188,6 +193,11 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 	}
 	for _, c := range cs.Changes {
 		check(c, conflictKey(r, c), false)
+		if c.Kind == layers.Deleted && c.Replaced != "" && !keyed[c.Replaced] {
+			// The original object the removed one had replaced goes
+			// too: it must be as the sandbox saw it, or gone.
+			check(c, c.Replaced, true)
+		}
 		if c.Kind != layers.Renamed {
 			continue
 		}
@@ -398,8 +408,14 @@ func inNewDir(dirs map[string]bool, p string) bool {
 
 // conflictKey is the original path a change is checked against.
 func conflictKey(r renames, c layers.Change) string {
-	if c.Kind == layers.Renamed {
+	switch {
+	case c.Kind == layers.Renamed:
 		return c.From
+	case c.Kind == layers.Deleted && c.Original != "":
+		// The object removed came from there: through exchanges and
+		// moves of its directories the renames alone may not lead back
+		// to it (they name another original object, or none).
+		return c.Original
 	}
 	return r.original(c.Path)
 }
