@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Operation set 3: whole trees removed and made again, as git checkout
@@ -60,7 +62,14 @@ func opRemakeTree(r *diffRun) diffOp {
 					return nil, err
 				}
 			case isFileEnt(e):
-				if err := os.WriteFile(p, []byte("remade "+e.rel+"\n"), 0o644); err != nil {
+				// O_NONBLOCK: a FIFO made there since must not block.
+				fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+				if err != nil {
+					return nil, err
+				}
+				_, err = unix.Write(fd, []byte("remade "+e.rel+"\n"))
+				unix.Close(fd)
+				if err != nil {
 					return nil, err
 				}
 			}
