@@ -148,15 +148,11 @@ func (t *touched) touch(p string, content bool) {
 	t.index.add(p)
 }
 
-// madeAt records that the sandbox made a new object at p. Where p had
-// been renamed to from an original path (and what was moved there was
-// removed since, or the name could not be made), the new object has no
-// counterpart there: p's lineage ends, and what lies beneath p maps to
-// nothing through it. The removal of what was moved to p is named by the
-// path it was moved from (touched by the move).
+// madeAt records that the sandbox made a new object at p. Its rename
+// lineage (from) stays: what was removed beneath p before it was made is
+// found through it. counterpartHere tells the new object has none.
 func (t *touched) madeAt(p string) {
 	t.made[p] = true
-	delete(t.from, p)
 }
 
 // setLink records that the name k was linked to the object at v.
@@ -402,18 +398,20 @@ func checkPaths(recs []Record) error {
 func (t *touched) counterpart(p string) string { return Counterpart(t.from, p) }
 
 // counterpartHere is counterpart for a path the overlay has now: madeHere
-// beneath a directory above it that the sandbox made (nearer than any
-// rename), which has no original counterpart: rm -r d/c; mkdir d/c; mv d
-// e: e/c/x is not the original's d/c/x. (Only for a path there now: the
-// made flags are of the objects at those paths now, and a removed path
-// may have lain in another object that had one's name.)
+// for an object the sandbox made, or one beneath a directory it made
+// (nearer than any rename), which has no original counterpart, whatever
+// lineage an earlier object at that path left: mv d d2; rm -r d2; mkdir
+// -p d2/sub, and rm -r d/c; mkdir d/c; mv d e (e/c/x is not the
+// original's d/c/x). Only for a path there now: the made flags are of the
+// objects at those paths now, and a removed path may have lain in
+// another object that had one's name (its lineage is from's).
 func (t *touched) counterpartHere(p string) string {
 	for q := p; ; {
+		if t.made[q] {
+			return madeHere + p[len(q):]
+		}
 		if from, ok := t.from[q]; ok {
 			return from + p[len(q):]
-		}
-		if q != p && t.made[q] {
-			return madeHere + p[len(q):]
 		}
 		i := strings.LastIndexByte(q, '/')
 		if i < 0 {

@@ -385,7 +385,15 @@ func TestChangeSetNewDirectoryWhereAMovedOneWasRemoved(t *testing.T) {
 	_, err = s.Mkdir("d2", s.dir("d2"), "sub", 0o755, s.c)
 	require.NoError(t, err)
 	s.createEmpty("d2/sub", "f")
-	assert.Equal(t, []string{"deleted d ", "created d2 ", "created d2/sub ", "created d2/sub/f "}, s.changeLines())
+	// d2/g: the original's d/g, removed where it was moved to.
+	assert.Equal(t, []string{"deleted d ", "created d2 ", "deleted d2/g ", "created d2/sub ", "created d2/sub/f "}, s.changeLines())
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	var listing []string
+	for _, c := range cs.Listing() {
+		listing = append(listing, string(c.Kind)+" "+c.Path)
+	}
+	assert.Equal(t, []string{"deleted d", "deleted d/g", "created d2", "created d2/sub", "created d2/sub/f"}, listing)
 }
 
 // createEmpty makes the empty file name in dir through the layers.

@@ -44,11 +44,9 @@ func naiveReplay(recs []Record) naiveTouched {
 			t.paths[r.Path2] = true
 			t.link[r.Path] = r.Path2
 			t.made[r.Path] = true
-			delete(t.from, r.Path) // a new object: no lineage
 		case OpCreate, OpMkdir, OpMknod, OpSymlink:
 			t.paths[r.Path] = true
 			t.made[r.Path] = true
-			delete(t.from, r.Path)
 		case OpUnlink, OpRmdir:
 			t.paths[r.Path] = true
 			delete(t.made, r.Path)
