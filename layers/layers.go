@@ -40,8 +40,32 @@ type Config struct {
 
 // Origin names an object in a lower layer.
 type Origin struct {
-	Layer int    // index into Config.Lowers
-	Path  string // path relative to that layer's root
+	Layer int // index into Config.Lowers
+	// Path is the object's path in the original: the merged view of the
+	// lower layers, where a directory a layer redirects (an upper used as
+	// a lower, whose directory was renamed) shows the layers below it
+	// under its new name.
+	Path string
+	// real is the path relative to the layer's root where a redirect in
+	// a layer above makes it differ from Path; "" when it does not.
+	real string
+}
+
+// layerPath is the object's path relative to its layer's root.
+func (o Origin) layerPath() string {
+	if o.real != "" {
+		return o.real
+	}
+	return o.Path
+}
+
+// child is the origin of name in the directory o, in the same layer.
+func (o Origin) child(name string) Origin {
+	c := Origin{Layer: o.Layer, Path: Join(o.Path, name)}
+	if o.real != "" {
+		c.real = Join(o.real, name)
+	}
+	return c
 }
 
 // Obj says where one overlay object lives. For a non-directory, Upper is
@@ -245,7 +269,7 @@ func (l *Layers) Sync() error { return l.Journal().Sync() }
 func (l *Layers) UpperPath(rel string) string { return join(l.upper, rel) }
 
 // LowerPath returns the real path of an origin.
-func (l *Layers) LowerPath(o Origin) string { return join(l.lowers[o.Layer], o.Path) }
+func (l *Layers) LowerPath(o Origin) string { return join(l.lowers[o.Layer], o.layerPath()) }
 
 // UpperDir is the upper layer's root.
 func (l *Layers) UpperDir() string { return l.upper }

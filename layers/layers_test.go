@@ -696,3 +696,52 @@ func TestUpperAndWorkOnOneMount(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l.Close())
 }
+
+// TestUpperServesAsLower: the upper of a stack whose directory was
+// renamed (a redirect), used as the top lower of another stack, shows the
+// renamed directory with the contents of the layers below, as kernel
+// overlayfs does; the second stack's renames, copy-ups and removals of
+// those contents are named by their paths in that original.
+func TestUpperServesAsLower(t *testing.T) {
+	first := newStack(t, map[string]string{"d2/x": "x", "d2/sub/y": "y", "e/z": "z", "keep": "k"})
+	var moved Obj
+	require.NoError(t, first.Rename("", first.dir(""), "d2", &moved, "", first.dir(""), "d3", 0, first.c))
+	require.NoError(t, first.Rename("", first.dir(""), "e", &moved, "d3", first.dir("d3"), "e", 0, first.c))
+	first.createEmpty("d3", "new")
+	require.NoError(t, first.Close())
+
+	dir := t.TempDir()
+	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	for _, d := range []string{upper, work} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{first.upper, first.lower}})
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	s := &stack{Layers: l, t: t, lower: first.upper, c: Caller{Pid: 1}}
+
+	assert.Equal(t, []string{"d3", "keep"}, s.names(""))
+	assert.Equal(t, []string{"e", "new", "sub", "x"}, s.names("d3"), "the renamed directory merges the layer below")
+	assert.Equal(t, []string{"z"}, s.names("d3/e"), "so does one renamed into it")
+	assert.Equal(t, "y", s.read("d3/sub/y"))
+	_, err = s.lookup("d2")
+	assert.ErrorIs(t, err, unix.ENOENT)
+
+	s.write("d3/x", "x2")
+	require.NoError(t, s.Unlink("d3/e", s.dir("d3/e"), "z", s.c))
+	require.NoError(t, s.Rename("d3", s.dir("d3"), "sub", &moved, "", s.dir(""), "sub2", 0, s.c))
+	require.NoError(t, s.Rename("", s.dir(""), "d3", &moved, "", s.dir(""), "d4", 0, s.c))
+	assert.Equal(t, "y", s.read("sub2/y"))
+	assert.Equal(t, []string{"e", "new", "x"}, s.names("d4"))
+	assert.Equal(t, "x2", s.read("d4/x"))
+	assert.Equal(t, []string{
+		"renamed d4 d3",
+		"deleted d4/e/z ",
+		"modified d4/x ",
+		"renamed sub2 d3/sub",
+	}, s.changeLines())
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	assert.Contains(t, cs.Listing(), Change{Path: "d3/e/z", Kind: Deleted, Type: "file", Original: "d3/e/z"},
+		"the removal is named by its path in the original")
+}

@@ -121,14 +121,15 @@ type lowerHit struct {
 }
 
 // stepLowers looks name up in each lower directory, top first, honouring
-// whiteouts and opaque directories of the lower layers. It returns the
-// topmost object found and, when that is a directory (or upperIsDir says an
-// upper directory sits above), every lower directory merged beneath it.
+// whiteouts, opaque directories and redirects of the lower layers. It
+// returns the topmost object found and, when that is a directory (or
+// upperAbove says an upper directory sits above), every lower directory
+// merged beneath it.
 func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*lowerHit, []Origin, error) {
 	var first *lowerHit
 	var dirs []Origin
-	for _, lo := range lowers {
-		o := Origin{Layer: lo.Layer, Path: Join(lo.Path, name)}
+	for i, lo := range lowers {
+		o := lo.child(name)
 		var st unix.Stat_t
 		if err := unix.Lstat(l.LowerPath(o), &st); err != nil {
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
@@ -150,18 +151,60 @@ func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*low
 			break
 		}
 		dirs = append(dirs, o)
-		if o.Layer < len(l.lowers)-1 && l.isOpaque(l.LowerPath(o)) {
+		if o.Layer == len(l.lowers)-1 || l.isOpaque(l.LowerPath(o)) {
+			break
+		}
+		if r := l.redirectOf(l.LowerPath(o)); r != "" {
+			// A layer's directory renamed (an upper serving as a lower):
+			// the layers below continue where the redirect points, as in
+			// kernel overlayfs.
+			below, err := l.redirected(o, r, lowers[i+1:])
+			if err != nil {
+				return nil, nil, err
+			}
+			dirs = append(dirs, below...)
 			break
 		}
 	}
 	return first, dirs, nil
 }
 
+// redirected returns the directories of the layers below o's merged
+// beneath o, whose redirect is r: absolute, a path from the roots of those
+// layers; relative, a name in the directories of those layers merged
+// beneath o's parent (rest). Their Path is o's: where they show in the
+// original.
+func (l *Layers) redirected(o Origin, r string, rest []Origin) ([]Origin, error) {
+	var below []Origin
+	switch {
+	case strings.HasPrefix(r, "/"):
+		below = l.lowerDirsFrom(strings.TrimPrefix(r, "/"), o.Layer+1)
+	case r != "." && r != ".." && !strings.Contains(r, "/"):
+		var err error
+		if _, below, err = l.stepLowers(rest, r, true); err != nil {
+			return nil, err
+		}
+	}
+	for i := range below {
+		b := &below[i]
+		if real := b.layerPath(); real != o.Path {
+			b.real = real
+		} else {
+			b.real = ""
+		}
+		b.Path = o.Path
+	}
+	return below, nil
+}
+
 // lowerDirsAt resolves a lower path from the lower roots, as a redirect
 // names it, and returns the lower directories merged there.
-func (l *Layers) lowerDirsAt(path string) []Origin {
+func (l *Layers) lowerDirsAt(path string) []Origin { return l.lowerDirsFrom(path, 0) }
+
+// lowerDirsFrom is lowerDirsAt in the layers from the layer from down.
+func (l *Layers) lowerDirsFrom(path string, from int) []Origin {
 	var cur []Origin
-	for i := range l.lowers {
+	for i := from; i < len(l.lowers); i++ {
 		cur = append(cur, Origin{Layer: i})
 		if i < len(l.lowers)-1 && l.isOpaque(l.lowers[i]) {
 			break
