@@ -766,3 +766,34 @@ func readFile(t *testing.T, p string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// TestSeveralLowersAreNotCommitted: a sandbox over several lower layers
+// has no one directory to commit to: Prepare and Resolve refuse with
+// ErrSeveralLowers and change nothing; it has no conflicts.
+func TestSeveralLowersAreNotCommitted(t *testing.T) {
+	s := newSandbox(t, map[string]string{"a": "a"})
+	s.done()
+	below := filepath.Join(t.TempDir(), "below")
+	require.NoError(t, os.MkdirAll(filepath.Join(below, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(below, "d", "b"), []byte("b"), 0o644))
+	s.cfg.Lowers = append(s.cfg.Lowers, below)
+	require.NoError(t, os.MkdirAll(filepath.Join(s.ref, "d"), 0o755)) // the reference shows the merged view
+	s.open()
+	s.write("d/b", "changed")
+	s.remove("a")
+	s.done()
+	before, beforeBelow := snapshot(t, s.orig), snapshot(t, below)
+
+	_, err := Prepare(s.cfg, Options{})
+	assert.ErrorIs(t, err, ErrSeveralLowers)
+	_, _, err = Resolve(s.cfg, []string{"a"})
+	assert.ErrorIs(t, err, ErrSeveralLowers)
+	cf, err := Conflicts(s.cfg)
+	assert.NoError(t, err)
+	assert.Empty(t, cf)
+	assert.Equal(t, before, snapshot(t, s.orig))
+	assert.Equal(t, beforeBelow, snapshot(t, below))
+	cs, err := layers.Changes(s.cfg)
+	require.NoError(t, err)
+	assert.Len(t, cs.Changes, 2, "the changes stay")
+}

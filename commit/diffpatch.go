@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -59,7 +58,7 @@ type movedFile struct {
 func (r *diffReader) readMovedSides(d *diffPair) error {
 	for i := range d.moved {
 		m := &d.moved[i]
-		side, err := readSide(r.orig, m.from, pairOpts{noContent: r.opts.noContent, head: true})
+		side, err := r.readOrig(m.from, pairOpts{noContent: r.opts.noContent, head: true})
 		if err != nil {
 			return err
 		}
@@ -74,7 +73,7 @@ func (r *diffReader) readPatchExtras(d *diffPair) error {
 	d.copied = hasOld && r.claimed(d.oldPath, c)
 	d.first = c.Kind == layers.Deleted && d.oldPath != c.Path
 	if c.Kind != layers.Deleted && (!hasOld || d.oldPath != c.Path) && !r.handled(c.Path) {
-		old, err := readSide(r.orig, c.Path, r.opts)
+		old, err := r.readOrig(c.Path, r.opts)
 		if err != nil {
 			return err
 		}
@@ -186,7 +185,7 @@ func (r *diffReader) addGone(d *diffPair, o string) error {
 		return nil
 	}
 	r.gone[o] = true
-	old, err := readSide(r.orig, o, r.opts)
+	old, err := r.readOrig(o, r.opts)
 	if err != nil {
 		return err
 	}
@@ -201,24 +200,18 @@ func (r *diffReader) addGone(d *diffPair, o string) error {
 // one), and enters a directory when fn says so. It lists the original's
 // directories, in name order.
 func (r *diffReader) walkOriginal(from, to string, fn func(o, n string, typ os.FileMode) (bool, error)) error {
-	fd, err := fsutil.OpenBeneath(r.orig, from, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	ents, err := r.listOrig(from)
 	if err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), from)
-	ents, err := f.ReadDir(-1)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	slices.SortFunc(ents, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	for _, e := range ents {
-		o, n := path.Join(from, e.Name()), path.Join(to, e.Name())
-		if r.sources[o] || !r.opts.listing && !e.IsDir() && !e.Type().IsRegular() && e.Type()&os.ModeSymlink == 0 {
+		o, n := path.Join(from, e.name), path.Join(to, e.name)
+		isDir := e.typ.IsDir()
+		if r.sources[o] || !r.opts.listing && !isDir && !e.typ.IsRegular() && e.typ&os.ModeSymlink == 0 {
 			continue
 		}
-		enter, err := fn(o, n, e.Type())
-		if err == nil && enter && e.IsDir() {
+		enter, err := fn(o, n, e.typ)
+		if err == nil && enter && isDir {
 			err = r.walkOriginal(o, n, fn)
 		}
 		if err != nil {

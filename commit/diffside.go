@@ -90,8 +90,13 @@ type pairOpts struct {
 // symlink in any component and never leaving either root.
 type diffReader struct {
 	upper, orig int // O_PATH directory descriptors
-	renamed     map[string]string
-	opts        pairOpts
+	// For a sandbox over several lower layers, the original is their
+	// merged view: view finds each path's layer, whose root is lowers[i]
+	// (O_PATH); orig is the top layer's.
+	view    *layers.LowerView
+	lowers  []int
+	renamed map[string]string
+	opts    pairOpts
 	// For the patch (diffpatch.go): the changes by sandbox path; the
 	// original paths of renames; the original paths some change the
 	// patch writes compares with (olds), with the same path (inPlace).
@@ -117,6 +122,12 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 	if r.orig, err = unix.Open(cfg.Lowers[0], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		r.close()
 		return nil, fmt.Errorf("diff: open original %q: %w", cfg.Lowers[0], err)
+	}
+	if len(cfg.Lowers) > 1 {
+		if err := r.openLowers(cfg); err != nil {
+			r.close()
+			return nil, err
+		}
 	}
 	for _, c := range cs.Changes {
 		if c.Kind == layers.Renamed {
@@ -232,7 +243,7 @@ func (r *diffReader) oldPathOf(c layers.Change) (string, bool) {
 }
 
 func (r *diffReader) close() {
-	for _, fd := range []int{r.upper, r.orig} {
+	for _, fd := range append([]int{r.upper, r.orig}, r.lowers...) {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
@@ -251,7 +262,7 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 	var err error
 	if old, ok := r.oldPathOf(c); ok {
 		d.oldPath = old
-		if d.old, err = readSide(r.orig, old, r.opts); err != nil {
+		if d.old, err = r.readOrig(old, r.opts); err != nil {
 			return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, old, err)
 		}
 	}
@@ -262,7 +273,7 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 		}
 		if !d.new.exists || d.new.whiteout {
 			// Not copied up: a child of a renamed directory shows the original.
-			if d.new, err = readSide(r.orig, cp, r.opts); err != nil {
+			if d.new, err = r.readOrig(cp, r.opts); err != nil {
 				return nil, fmt.Errorf("diff %q: original %q: %w", c.Path, cp, err)
 			}
 		}
@@ -340,12 +351,16 @@ func lstatBeneath(root int, rel string, st *unix.Stat_t) (int, string, bool, err
 // origType is the type name of the original's object at rel ("" when
 // there is none).
 func (r *diffReader) origType(rel string) (string, error) {
-	var st unix.Stat_t
-	dir, _, ok, err := lstatBeneath(r.orig, rel, &st)
+	root, rel, ok, err := r.inOrig(rel)
 	if err != nil || !ok {
 		return "", err
 	}
-	if dir != r.orig {
+	var st unix.Stat_t
+	dir, _, ok, err := lstatBeneath(root, rel, &st)
+	if err != nil || !ok {
+		return "", err
+	}
+	if dir != root {
 		unix.Close(dir)
 	}
 	return layers.TypeName(st.Mode), nil

@@ -80,6 +80,10 @@ var (
 	// mounts. Nothing was applied.
 	ErrOtherMount = errors.New("a change lies on another filesystem mounted inside the original")
 	ErrBusy       = errors.New("sandbox busy")
+	// ErrSeveralLowers says the sandbox lies over several lower layers:
+	// its original is their merged view, which no one directory holds,
+	// so there is nowhere to apply its changes. Nothing was applied.
+	ErrSeveralLowers = errors.New("a sandbox over several lower layers cannot be committed: its original is their merged view, which no one directory holds")
 )
 
 // Conflict is one path the original changed after the sandbox first

@@ -31,6 +31,9 @@ var ErrUnresolvable = errors.New("cannot be resolved by keeping the sandbox's ve
 // names no conflict, or one that keeping the sandbox's version cannot
 // settle.
 func Resolve(cfg layers.Config, paths []string) (resolved, left []Conflict, err error) {
+	if len(cfg.Lowers) > 1 {
+		return nil, nil, ErrSeveralLowers
+	}
 	lock, err := lockSandbox(cfg.Work)
 	if err != nil {
 		return nil, nil, err
@@ -119,7 +122,7 @@ func currentConflicts(cfg layers.Config) ([]conflict, error) {
 }
 
 func conflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]conflict, error) {
-	if len(cs.Changes) == 0 {
+	if len(cs.Changes) == 0 || len(cfg.Lowers) > 1 { // nothing to commit to (ErrSeveralLowers)
 		return nil, nil
 	}
 	recs, err := layers.ReadJournal(journalPath(cfg))

@@ -100,6 +100,9 @@ var ErrInterrupted = errors.New("an earlier commit of this sandbox was interrupt
 // original is unchanged when Prepare returns. A Txn with no changes is
 // valid: applying it does nothing.
 func Prepare(cfg layers.Config, opt Options) (*Txn, error) {
+	if len(cfg.Lowers) > 1 {
+		return nil, &Error{Stage: StagePrepare, Err: ErrSeveralLowers}
+	}
 	lock, err := lockSandbox(cfg.Work)
 	if err != nil {
 		return nil, &Error{Stage: StagePrepare, Err: err}

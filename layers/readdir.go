@@ -31,9 +31,16 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 	default:
 		return nil, err
 	}
-	lowerLists := make([][]dirent, 0, len(o.Lowers))
+	return l.mergeDir(upath, up, o.Lowers)
+}
+
+// mergeDir lists the entries of the upper directory upath (up), then those
+// of the lower directories lowers not hidden by an entry above, a
+// whiteout or an opaque directory.
+func (l *Layers) mergeDir(upath string, up []dirent, lowers []Origin) ([]DirEntry, error) {
+	lowerLists := make([][]dirent, 0, len(lowers))
 	total := len(up)
-	for _, lo := range o.Lowers {
+	for _, lo := range lowers {
 		ents, err := readDirents(l.LowerPath(lo))
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return nil, err
@@ -82,8 +89,8 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 		if below && hidden == nil {
 			hidden = make(map[string]bool, total)
 		}
-		dev := l.lowerDevs[o.Lowers[i].Layer]
-		lpath := l.LowerPath(o.Lowers[i])
+		dev := l.lowerDevs[lowers[i].Layer]
+		lpath := l.LowerPath(lowers[i])
 		var wh []string
 		for _, d := range ents {
 			if hidden[d.name] {

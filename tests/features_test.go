@@ -780,6 +780,91 @@ func TestSeveralLowers(t *testing.T) {
 	})
 }
 
+// TestUpperAsLower: the upper of a sandbox whose directories were renamed
+// (redirects), used as the top lower layer of another sandbox, shows what
+// the first sandbox showed, as kernel overlayfs shows that stack; the
+// second sandbox's status and diff compare with that view (the patch
+// applies to a copy of it), and its commit is refused, clearly, with
+// nothing changed: no one directory holds its original.
+func TestUpperAsLower(t *testing.T) {
+	requireCLI(t)
+	orig := newOrig(t, map[string]string{
+		"d2/x": "x\n", "d2/sub/y": "y\n", "e/z": "z\n", "m/b.txt": "b\n", "only.txt": "o\n", "keep": "k\n",
+	})
+	originalGuard(t, orig)
+	first := mountSandbox(t, orig)
+	require.NoError(t, os.Rename(first.path("d2"), first.path("d3")))
+	require.NoError(t, os.Rename(first.path("e"), first.path("d3/e")))
+	require.NoError(t, os.WriteFile(first.path("d3/new"), []byte("n\n"), 0o644))
+	require.NoError(t, os.Remove(first.path("m/b.txt")))
+	want := mustWalk(t, first.mnt, viewOpts)
+	plain := filepath.Join(t.TempDir(), "plain")
+	out, err := exec.Command("cp", "-a", first.mnt, plain).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NoError(t, first.stop(), "unmount the first sandbox")
+	originalGuard(t, first.upper)
+
+	// The mount-helper form takes several lower layers.
+	dir := t.TempDir()
+	mnt, upper, work := filepath.Join(dir, "mnt"), filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	for _, d := range []string{mnt, upper, work} {
+		require.NoError(t, os.Mkdir(d, 0o700))
+	}
+	registerMount(mnt)
+	lowers := first.upper + ":" + orig
+	m := sbxfsCLI(t, 30*time.Second, "sbxfs", mnt, "-o", "lowerdir="+lowers+",upperdir="+upper+",workdir="+work)
+	require.Equal(t, 0, m.code, "%s", m)
+	t.Cleanup(func() {
+		if out, err := runTimeout(20*time.Second, "umount", mnt); err != nil {
+			t.Errorf("umount %s: %v %s", mnt, err, out)
+			_, _ = runTimeout(10*time.Second, "umount", "-l", mnt)
+		}
+	})
+	path := func(rel string) string { return filepath.Join(mnt, rel) }
+	assertSameTree(t, want, mustWalk(t, mnt, viewOpts), "the stack (want = the first sandbox's view)")
+
+	kmnt := filepath.Join(t.TempDir(), "kmnt")
+	require.NoError(t, os.Mkdir(kmnt, 0o755))
+	registerMount(kmnt)
+	opts := fmt.Sprintf("lowerdir=%s:%s,redirect_dir=follow", first.upper, orig)
+	if out, err := runTimeout(20*time.Second, "mount", "-t", "overlay", "overlay", "-o", opts, kmnt); err != nil {
+		t.Errorf("mount -t overlay -o %s: %v %s", opts, err, out)
+	} else {
+		assertSameTree(t, mustWalk(t, mnt, viewOpts), mustWalk(t, kmnt, viewOpts), "kernel overlayfs over the same stack (want = sbxfs)")
+		if out, err := runTimeout(20*time.Second, "umount", kmnt); err != nil {
+			t.Errorf("umount %s: %v %s", kmnt, err, out)
+		}
+	}
+
+	require.NoError(t, appendFile(path("d3/x"), []byte("more\n")))
+	require.NoError(t, os.Remove(path("d3/e/z")))
+	require.NoError(t, os.Remove(path("only.txt")))
+	require.NoError(t, os.Rename(path("d3"), path("d4")))
+	st := sbxfsCLI(t, 30*time.Second, "status", mnt)
+	require.Equal(t, 0, st.code, "%s", st)
+	assert.Equal(t, "D d3/e/z\nR d3 -> d4\nM d4/x\nD only.txt\n4 changes: 1 modified, 2 deleted, 1 renamed\n", st.stdout)
+
+	d := sbxfsCLI(t, 30*time.Second, "diff", "--binary", mnt)
+	require.Equal(t, 0, d.code, "%s", d)
+	require.NoError(t, gitView(plain))
+	apply := exec.Command("git", "apply", "-")
+	apply.Dir, apply.Stdin = plain, strings.NewReader(d.stdout)
+	out, err = apply.CombinedOutput()
+	require.NoError(t, err, "git apply of the diff to a copy of the stack's view: %s\n%s", out, d.stdout)
+	gotFiles, err := gitFiles(plain)
+	require.NoError(t, err)
+	wantFiles, err := gitFiles(mnt)
+	require.NoError(t, err)
+	assert.Equal(t, wantFiles, gotFiles, "the patched copy (want = the mount)")
+
+	before := mustWalk(t, mnt, viewOpts)
+	c := sbxfsCLI(t, 30*time.Second, "commit", mnt)
+	assertCleanCLIError(t, c, exitBadPathCode)
+	assert.Contains(t, c.stderr, "several lower layers cannot be committed")
+	assert.Contains(t, c.stderr, "lowerdir="+upper+":"+lowers, "says how to stack the changes")
+	assertSameTree(t, before, mustWalk(t, mnt, viewOpts), "the mount after the refused commit")
+}
+
 // TestRenameOverDeletedName: a name whose original object was deleted is
 // free: renaming a directory (or a file) to it works, as on a plain
 // filesystem (`rm -rf build && mv build.new build`).

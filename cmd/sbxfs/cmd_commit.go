@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -33,7 +34,9 @@ changes; files still open for writing make it fail (busy), or wait with
 removed; with --keep it stays mounted over the updated original, empty, and
 so does a mount still in use (a shell's working directory in it), with a
 warning. A change on a filesystem mounted inside the original cannot be
-committed (exit 3; rename(2) does not cross mounts).`,
+committed (exit 3; rename(2) does not cross mounts), nor can a sandbox over
+several lower layers (exit 3: its original is their merged view, which no
+one directory holds; its upper can be stacked as a lower layer instead).`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`, kept in the commit record (and the git commit with --git)"},
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted over the updated original, with an empty sandbox"},
@@ -70,6 +73,9 @@ func runCommit(c *cli.Context) error {
 	}
 	if err := sb.needOriginal(); err != nil {
 		return err
+	}
+	if len(sb.cfg.Lowers) > 1 {
+		return severalLowers(commit.ErrSeveralLowers, sb)
 	}
 	if c.Bool("git") {
 		if c.String("message") == "" {
@@ -160,6 +166,13 @@ func finishCommit(c *cli.Context, sb *sandbox, ctl *manager.Control, rec *commit
 	return fsutil.WriteFileAtomic(filepath.Join(sb.work, commitRecordName), b, 0o600)
 }
 
+// severalLowers is the error of a commit (or resolve) of a sandbox over
+// several lower layers (commit.ErrSeveralLowers), with what to do.
+func severalLowers(err error, sb *sandbox) error {
+	return failf(exitBadPath, "%v; nothing was applied: its changes stay in %s, an overlay upper layer ('sbxfs diff' shows them as a patch; a mount with lowerdir=%s:%s stacks them; 'sbxfs rollback' discards them)",
+		err, sb.meta.Upper, sb.meta.Upper, strings.Join(sb.meta.Lowers, ":"))
+}
+
 // conflictHint says what to do about conflicts.
 const conflictHint = "keep the sandbox's version of a path with 'sbxfs resolve MOUNTPOINT PATH...' (merge the original's change into the sandbox first to keep it too), or use --force for every path"
 
@@ -186,6 +199,8 @@ func commitFailure(err error) error {
 		return &exitError{code: exitConflict, err: fmt.Errorf("%w\nnothing was applied; %s", err, conflictHint)}
 	case errors.Is(err, commit.ErrBusy):
 		return &exitError{code: exitBusy, err: err}
+	case errors.Is(err, commit.ErrSeveralLowers):
+		return &exitError{code: exitBadPath, err: err}
 	case errors.Is(err, commit.ErrOtherMount):
 		return &exitError{code: exitBadPath, err: fmt.Errorf("%w\nnothing was applied; %s", err, otherMountHint)}
 	case errors.As(err, &ce) && ce.Kept != "":

@@ -98,6 +98,8 @@ func runResolve(c *cli.Context) error {
 		return failf(exitConflict, "%v; nothing was recorded", err)
 	case errors.Is(err, commit.ErrBusy):
 		return failf(exitBusy, "%v; retry when it is done", err)
+	case errors.Is(err, commit.ErrSeveralLowers):
+		return severalLowers(err, sb)
 	case err != nil:
 		return journalHint(err, sb.work)
 	}

@@ -16,7 +16,9 @@ import (
 //	2     usage: bad arguments, unknown flag, subcommand or mount option
 //	3     bad input path: original missing or not a directory, mountpoint
 //	      missing, not a directory or not empty, directories nested in one
-//	      another, an upper made for another original
+//	      another, an upper made for another original; a commit or
+//	      resolve of a change on a filesystem mounted inside the
+//	      original, or of a sandbox over several lower layers
 //	4     busy: mountpoint already mounted, sandbox already mounted or
 //	      served (also 'sbxfs mount ID' of a mounted managed sandbox, or
 //	      of one nested in a sandbox that is not mounted), unmount
