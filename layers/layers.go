@@ -150,13 +150,26 @@ func Open(cfg Config) (*Layers, error) {
 	return l, nil
 }
 
-// adoptRoot gives a new upper root the original root's owner, mode and
-// times, so the mount's root looks like the original's (the upper itself
-// sits in a private 0700 directory).
+// adoptRoot gives a new upper root the original root's owner, mode,
+// extended attributes (ACLs among them) and times, so the mount's root
+// looks like the original's (the upper itself sits in a private 0700
+// directory) and a commit of the root's metadata keeps what it did not
+// change. Until 2026-11-27 the attributes were left behind: the mount's
+// root showed none of them, new files in it inherited no default ACL, and
+// a commit after a chmod of the root removed the original root's ACLs and
+// user.* attributes (TestRootAttributesAreKept).
 func (l *Layers) adoptRoot() error {
 	if _, ok := l.readOrigin(l.upper); ok {
 		return nil
 	}
+	return l.matchRoot()
+}
+
+// matchRoot gives the upper root the original root's owner, mode,
+// attributes and times (adoptRoot), dropping any attribute of its own
+// (Reset: after a rollback with --keep the root must be the original's
+// again, as status says).
+func (l *Layers) matchRoot() error {
 	var st unix.Stat_t
 	if err := unix.Stat(l.lowers[0], &st); err != nil {
 		return fmt.Errorf("original %q: %w", l.lowers[0], err)
@@ -169,12 +182,45 @@ func (l *Layers) adoptRoot() error {
 	if err := unix.Chmod(l.upper, st.Mode&0o7777); err != nil {
 		return err
 	}
+	if err := l.adoptRootXattrs(); err != nil {
+		return err
+	}
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, l.upper, []unix.Timespec{st.Atim, st.Mtim}, 0); err != nil {
 		return err
 	}
 	og := origin{ino: l.stableIno(st.Dev, st.Ino), path: ""}
 	if err := unix.Lsetxattr(l.upper, l.ns.origin, og.encode(), 0); err != nil {
 		return fmt.Errorf("upper %q takes no %s attributes (%w); put the upper on a filesystem with xattr support", l.upper, l.ns.overlay, err)
+	}
+	return nil
+}
+
+// adoptRootXattrs gives the upper root the original root's extended
+// attributes, sbxfs's own aside.
+func (l *Layers) adoptRootXattrs() error {
+	src, err := unix.Open(l.lowers[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("original %q: %w", l.lowers[0], err)
+	}
+	defer unix.Close(src)
+	dst, err := unix.Open(l.upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("upper %q: %w", l.upper, err)
+	}
+	defer unix.Close(dst)
+	own, err := fsutil.ListXattrs(dst)
+	if err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("upper %q: %w", l.upper, err)
+	}
+	for _, name := range own {
+		if !l.Private(name) {
+			if err := unix.Fremovexattr(dst, name); err != nil && !errors.Is(err, unix.ENODATA) {
+				return fmt.Errorf("upper %q: remove %s: %w", l.upper, name, err)
+			}
+		}
+	}
+	if err := fsutil.CopyXattrs(dst, src, l.Private); err != nil {
+		return fmt.Errorf("the attributes of the original %q: %w", l.lowers[0], err)
 	}
 	return nil
 }

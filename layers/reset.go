@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 )
 
-// Reset discards every change of the sandbox: the upper layer is emptied
-// and the journal starts anew. The caller makes sure no operation runs
+// Reset discards every change of the sandbox: the upper layer is emptied,
+// its root takes the original root's metadata again, and the journal
+// starts anew. The caller makes sure no operation runs
 // meanwhile (the mount is frozen). Used after a commit or rollback that
 // keeps the sandbox mounted.
 func (l *Layers) Reset() error {
@@ -19,6 +20,9 @@ func (l *Layers) Reset() error {
 		if err := os.RemoveAll(filepath.Join(l.upper, e.Name())); err != nil {
 			return fmt.Errorf("empty the upper: %w", err)
 		}
+	}
+	if err := l.matchRoot(); err != nil {
+		return fmt.Errorf("reset the root: %w", err)
 	}
 	l.jmu.Lock()
 	defer l.jmu.Unlock()

@@ -203,3 +203,67 @@ func TestDefaultACLInheritance(t *testing.T) {
 	require.Equal(t, 0, r.code, "%s", r)
 	compare("the original after the commit", orig)
 }
+
+// TestRootAttributesAreKept: the original's root directory has an ACL, a
+// default ACL and a user.* attribute. The mount's root shows them, a file
+// made in it inherits the default ACL, and after a chmod of the root and
+// its commit the original's root keeps them (as a chmod on ext4 would:
+// only the ACL's mask follows the new group bits); a rollback with --keep
+// before gives the root its original metadata back. Until 2026-11-27 the
+// mount's root showed none of them, that commit removed them all, and
+// the root kept the sandbox's mode and attributes after rollback --keep.
+func TestRootAttributesAreKept(t *testing.T) {
+	requireCLI(t)
+	for _, tool := range []string{"setfacl", "getfacl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found: install acl (scripts/install-deps.sh)", tool)
+		}
+	}
+	orig, ref := newOrig(t, map[string]string{"f": "f\n"}), newOrig(t, map[string]string{"f": "f\n"})
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := runTimeout(10*time.Second, name, args...)
+		require.NoError(t, err, "%s %v: %s", name, args, out)
+		return string(out)
+	}
+	for _, root := range []string{orig, ref} {
+		run("setfacl", "-m", "u:nobody:rwx", "-d", "-m", "g:nogroup:r-x", root)
+		require.NoError(t, unix.Setxattr(root, "user.project", []byte("sbxfs"), 0))
+	}
+	sb := mountSandbox(t, orig)
+	assert.Equal(t, run("getfacl", "-cp", ref), run("getfacl", "-cp", sb.mnt), "the mount's root shows the original root's ACLs")
+	v := make([]byte, 64)
+	n, err := unix.Getxattr(sb.mnt, "user.project", v)
+	if assert.NoError(t, err, "the mount's root shows the original root's attributes") {
+		assert.Equal(t, "sbxfs", string(v[:n]))
+	}
+	for _, root := range []string{sb.mnt, ref} {
+		require.NoError(t, os.WriteFile(filepath.Join(root, "new"), []byte("n\n"), 0o666))
+		require.NoError(t, os.Chmod(root, 0o750))
+	}
+	assert.Equal(t, run("getfacl", "-cp", filepath.Join(ref, "new")), run("getfacl", "-cp", sb.path("new")), "a new file inherits the root's default ACL")
+
+	// A rollback that keeps the mount gives the root back its original
+	// metadata, as status says ("no changes"); before, the root kept the
+	// sandbox's mode and attributes.
+	before := run("getfacl", "-cp", orig)
+	require.NoError(t, unix.Setxattr(sb.mnt, "user.extra", []byte("x"), 0))
+	r := sbxfsCLI(t, cliTimeout, "rollback", "--keep", sb.mnt)
+	require.Equal(t, 0, r.code, "%s", r)
+	assert.Equal(t, before, run("getfacl", "-cp", sb.mnt), "the root after rollback --keep")
+	_, err = unix.Getxattr(sb.mnt, "user.extra", v)
+	assert.ErrorIs(t, err, unix.ENODATA, "the root's attribute set in the sandbox is gone")
+	assert.Equal(t, lstat(t, orig).Mode, lstat(t, sb.mnt).Mode)
+	for _, root := range []string{sb.mnt, ref} {
+		require.NoError(t, os.WriteFile(filepath.Join(root, "new"), []byte("n\n"), 0o666))
+		require.NoError(t, os.Chmod(root, 0o750))
+	}
+
+	r = sbxfsCLI(t, cliTimeout, "commit", sb.mnt)
+	require.Equal(t, 0, r.code, "%s", r)
+	assert.Equal(t, run("getfacl", "-cp", ref), run("getfacl", "-cp", orig), "the committed root keeps its ACLs")
+	n, err = unix.Getxattr(orig, "user.project", v)
+	if assert.NoError(t, err, "the committed root keeps its attributes") {
+		assert.Equal(t, "sbxfs", string(v[:n]))
+	}
+}
