@@ -200,6 +200,7 @@ func opDirAt(r *diffRun) diffOp {
 		op := r.dirOp(fmt.Sprintf("%s %s %q -> %q", what, sd, name, to), k, false, nil, func(dfd int) (any, error) {
 			return nil, unix.Renameat2(dfd, name, dfd, to, flags)
 		})
+		op.nofollow = true
 		switch {
 		case name == to:
 		case flags == unix.RENAME_EXCHANGE:
@@ -220,7 +221,7 @@ func opDirAt(r *diffRun) diffOp {
 				return nil, unix.EBADF
 			}
 			return nil, unix.Renameat(fd, name, unix.AT_FDCWD, filepath.Join(root, to))
-		}}
+		}, nofollow: true}
 		if in(name) != nil && in(name)[0] != to {
 			op.parts, op.drops = in(name), []string{to}
 		}
@@ -234,7 +235,7 @@ func opDirAt(r *diffRun) diffOp {
 				return nil, unix.EBADF
 			}
 			return nil, unix.Renameat(unix.AT_FDCWD, filepath.Join(root, from), fd, name)
-		}}
+		}, nofollow: true}
 		if in(name) != nil && in(name)[0] != from {
 			op.parts, op.drops = []string{from}, in(name)
 		}
@@ -264,7 +265,7 @@ func opDirAt(r *diffRun) diffOp {
 			return nil, unix.Fchownat(dfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
 		})
 		if uid != -1 || gid != -1 {
-			op.parts = in(name)
+			op.parts, op.nofollow = in(name), true
 		}
 		return op
 	case 9:
@@ -277,7 +278,7 @@ func opDirAt(r *diffRun) diffOp {
 		op := r.dirOp(fmt.Sprintf("linkat %s %q -> %q", sd, name, to), k, false, nil, func(dfd int) (any, error) {
 			return nil, unix.Linkat(dfd, name, dfd, to, 0)
 		})
-		op.parts = in(name)
+		op.parts, op.nofollow = in(name), true
 		return op
 	}
 }
@@ -397,7 +398,7 @@ func opChown(r *diffRun) diffOp {
 			return nil, unix.Chown(p, uid, gid)
 		}
 		return nil, unix.Lchown(p, uid, gid)
-	}, keepsTree: true}
+	}, keepsTree: true, nofollow: !follow}
 	if uid != -1 || gid != -1 {
 		// chown(-1, -1) of a file without setuid or setgid bits (as the
 		// original's hard links are until a chmod parts them) changes
@@ -555,7 +556,7 @@ func opViaSymlink(r *diffRun) diffOp {
 		to := r.newPath()
 		op := diffOp{desc: fmt.Sprintf("rename %s -> %q", at, to), do: func(root string) (any, error) {
 			return nil, unix.Rename(filepath.Join(root, via), filepath.Join(root, to))
-		}}
+		}, nofollow: true}
 		if real != to {
 			op.parts, op.drops = []string{real}, []string{to}
 		}

@@ -64,7 +64,7 @@ type linkModel struct {
 func newLinkModel(t *testing.T, ref string) *linkModel {
 	m := &linkModel{t: t, ref: ref, holder: t.TempDir(), inos: map[uint64]bool{}}
 	err := filepath.WalkDir(ref, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
+		if err != nil || d.IsDir() {
 			return err
 		}
 		var st unix.Stat_t
@@ -92,7 +92,7 @@ func (m *linkModel) unparted(rel string) (uint64, bool) {
 		return 0, false
 	}
 	var st unix.Stat_t
-	if unix.Lstat(filepath.Join(m.ref, rel), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	if unix.Lstat(filepath.Join(m.ref, rel), &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return 0, false
 	}
 	return st.Ino, m.inos[st.Ino]
@@ -126,7 +126,13 @@ func (m *linkModel) hold(rel string) string {
 // part gives rel a file of its own, as a copy-up in the sandbox does. The
 // returned func puts the shared file back when the operation failed: the
 // sandbox checks what would make it fail before it copies up.
-func (m *linkModel) part(rel string) func(failed bool) {
+func (m *linkModel) part(rel string, nofollow bool) func(failed bool) {
+	if !nofollow {
+		var ok bool
+		if rel, ok = m.followed(rel); !ok {
+			return func(bool) {}
+		}
+	}
 	ino, ok := m.unparted(rel)
 	if !ok {
 		return func(bool) {}
@@ -177,6 +183,27 @@ func (m *linkModel) drop(rel string) func(failed bool) {
 	}
 }
 
+// followed is the path in ref of what rel names once its symlinks are
+// followed; false when that is nothing or lies outside ref.
+func (m *linkModel) followed(rel string) (string, bool) {
+	real, err := filepath.EvalSymlinks(filepath.Join(m.ref, rel))
+	if err != nil {
+		return "", false
+	}
+	root, err := filepath.EvalSymlinks(m.ref)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	r, err := filepath.Rel(root, real)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return "", false
+	}
+	if r == "." {
+		r = ""
+	}
+	return r, true
+}
+
 // release empties the holder: the links a commit drops with its backups.
 func (m *linkModel) release() {
 	if m == nil {
@@ -187,19 +214,41 @@ func (m *linkModel) release() {
 	}
 }
 
-// copyFileAll copies the regular file src to dst with its content, mode,
-// owner, times and user.* attributes, as a copy-up does.
+// copyFileAll copies the non-directory src (a regular file, a symlink or
+// a FIFO) to dst with its content, mode, owner, times and user.*
+// attributes, as a copy-up does.
 func copyFileAll(src, dst string) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return err
 	}
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(dst, data, 0o600); err != nil {
-		return err
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		// A symlink with several names (linkat of a symlink, which the
+		// first sandbox of a stack may have made).
+		target, err := os.Readlink(src)
+		if err != nil {
+			return err
+		}
+		if err := os.Symlink(target, dst); err != nil {
+			return err
+		}
+		if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
+		return unix.UtimesNanoAt(unix.AT_FDCWD, dst, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+	case unix.S_IFIFO:
+		if err := unix.Mkfifo(dst, 0o600); err != nil {
+			return err
+		}
+	default:
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, data, 0o600); err != nil {
+			return err
+		}
 	}
 	names, err := fsutil.LListXattrs(src)
 	if err != nil {

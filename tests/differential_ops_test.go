@@ -298,7 +298,7 @@ func opRename(r *diffRun) diffOp {
 func renameOp(desc, src, dst string, flags uint) diffOp {
 	op := diffOp{desc: desc, do: func(root string) (any, error) {
 		return nil, unix.Renameat2(unix.AT_FDCWD, filepath.Join(root, src), unix.AT_FDCWD, filepath.Join(root, dst), flags)
-	}}
+	}, nofollow: true}
 	switch {
 	case src == dst: // nothing moves
 	case flags == unix.RENAME_EXCHANGE:
@@ -327,7 +327,7 @@ func opLink(r *diffRun) diffOp {
 	dst := r.newPath()
 	return diffOp{desc: fmt.Sprintf("link %q -> new name %q", src, dst), do: func(root string) (any, error) {
 		return nil, unix.Link(filepath.Join(root, src), filepath.Join(root, dst))
-	}, parts: []string{src}}
+	}, parts: []string{src}, nofollow: true}
 }
 
 func opChmod(r *diffRun) diffOp {
@@ -410,7 +410,7 @@ func opUtimes(r *diffRun) diffOp {
 			}
 		}
 		return strings.Join(d, "; ")
-	}, keepsTree: true, parts: parts}
+	}, keepsTree: true, parts: parts, nofollow: flags != 0}
 }
 
 func opMkfifo(r *diffRun) diffOp {
@@ -441,7 +441,7 @@ func opSetxattr(r *diffRun) diffOp {
 				return nil, unix.Lsetxattr(p, name, val, flags)
 			}
 			return nil, unix.Setxattr(p, name, val, flags)
-		}, keepsTree: true, parts: []string{rel}}
+		}, keepsTree: true, parts: []string{rel}, nofollow: nofollow}
 }
 
 func opRemovexattr(r *diffRun) diffOp {

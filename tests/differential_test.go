@@ -227,8 +227,12 @@ type diffOp struct {
 	// parts names the paths the sandbox copies up when the operation
 	// succeeds (where that parts a hard link of the original:
 	// linkModel); drops names the paths it removes or replaces.
-	parts []string
-	drops []string
+	// nofollow: the operation copies up a symlink among parts itself
+	// (rename, link, lchown, utimensat or setxattr without following);
+	// else it follows it to what it names (open, chmod, truncate).
+	parts    []string
+	drops    []string
+	nofollow bool
 }
 
 func TestDifferential(t *testing.T) {
@@ -533,7 +537,7 @@ func (r *diffRun) apply(op diffOp) {
 	var undo []func(failed bool)
 	if r.links != nil {
 		for _, p := range op.parts {
-			undo = append(undo, r.links.part(p))
+			undo = append(undo, r.links.part(p, op.nofollow))
 		}
 		for _, p := range op.drops {
 			undo = append(undo, r.links.drop(p))

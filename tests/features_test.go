@@ -865,6 +865,58 @@ func TestUpperAsLower(t *testing.T) {
 	assertSameTree(t, before, mustWalk(t, mnt, viewOpts), "the mount after the refused commit")
 }
 
+// TestKernelUpperAsLower: an upper kernel overlayfs made (redirect_dir=on),
+// with a directory renamed in its parent (a relative redirect), one
+// renamed inside a moved directory and one moved into a new directory (an
+// absolute redirect), serves as the top lower layer of an sbxfs mount,
+// which shows what kernel overlayfs shows over the same stack.
+func TestKernelUpperAsLower(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/x": "x", "e/sub/y": "y", "e/z": "z", "keep": "k"})
+	originalGuard(t, orig)
+	dir := t.TempDir()
+	kupper, kwork, kmnt := filepath.Join(dir, "kupper"), filepath.Join(dir, "kwork"), filepath.Join(dir, "kmnt")
+	for _, d := range []string{kupper, kwork, kmnt} {
+		require.NoError(t, os.Mkdir(d, 0o755))
+	}
+	registerMount(kmnt)
+	mountKernel := func(opts string) bool {
+		t.Helper()
+		out, err := runTimeout(20*time.Second, "mount", "-t", "overlay", "overlay", "-o", opts, kmnt)
+		if err != nil {
+			if _, serr := os.Stat("/sys/module/overlay"); serr != nil {
+				t.Skipf("kernel overlayfs is not available: %v %s", err, out)
+			}
+			t.Fatalf("mount -t overlay -o %s: %v %s", opts, err, out)
+		}
+		return true
+	}
+	umountKernel := func() {
+		t.Helper()
+		if out, err := runTimeout(20*time.Second, "umount", kmnt); err != nil {
+			_, _ = runTimeout(10*time.Second, "umount", "-l", kmnt)
+			t.Fatalf("umount %s: %v %s", kmnt, err, out)
+		}
+	}
+	mountKernel(fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on,index=off", orig, kupper, kwork))
+	require.NoError(t, os.Rename(filepath.Join(kmnt, "d"), filepath.Join(kmnt, "d2")))
+	require.NoError(t, os.Rename(filepath.Join(kmnt, "e/sub"), filepath.Join(kmnt, "e/sub2")))
+	require.NoError(t, os.Mkdir(filepath.Join(kmnt, "g"), 0o755))
+	require.NoError(t, os.Rename(filepath.Join(kmnt, "e"), filepath.Join(kmnt, "g/e")))
+	umountKernel()
+	r, err := fsutil.LGetXattr(filepath.Join(kupper, "d2"), "trusted.overlay.redirect")
+	require.NoError(t, err)
+	require.Equal(t, "d", string(r), "kernel overlayfs wrote a relative redirect")
+
+	mountKernel(fmt.Sprintf("lowerdir=%s:%s,redirect_dir=follow", kupper, orig))
+	want := mustWalk(t, kmnt, viewOpts)
+	umountKernel()
+	for _, p := range []string{"d2/x", "g/e/sub2/y", "g/e/z"} {
+		require.Contains(t, want, p, "kernel overlayfs shows it")
+	}
+	sb := mountSandbox(t, kupper, withLowers(orig))
+	assertSameTree(t, want, mustWalk(t, sb.mnt, viewOpts), "sbxfs over the stack (want = kernel overlayfs over it)")
+}
+
 // TestRenameOverDeletedName: a name whose original object was deleted is
 // free: renaming a directory (or a file) to it works, as on a plain
 // filesystem (`rm -rf build && mv build.new build`).
