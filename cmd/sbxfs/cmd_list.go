@@ -51,8 +51,12 @@ func runList(c *cli.Context) error {
 			if sb.Mounted {
 				mounted = "yes"
 			}
+			name := "-" // none given ("." would read as a path)
+			if sb.Name != "" {
+				name = quotePath(sb.Name)
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Plan, sb.State, mounted,
-				quotePath(sb.Original), quotePath(sb.Mountpoint), quotePath(sb.Name))
+				quotePath(sb.Original), quotePath(sb.Mountpoint), name)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -184,8 +184,15 @@ func TestManagedPlanCommit(t *testing.T) {
 		assert.Equal(t, manager.Active, l[id].State)
 		assert.True(t, l[id].Mounted)
 	}
+	r := e.sbxfs("list", "--plan", "p")
+	require.Equal(t, 0, r.code, r.stderr)
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n")[1:] {
+		f := strings.Fields(line)
+		want := map[string]string{s1.ID: "one", s2.ID: "-"}[f[0]] // no name: "-", not "."
+		assert.Equal(t, want, f[len(f)-1], "NAME of %s", line)
+	}
 
-	r := e.sbxfs("commit", "--plan", "p", "-m", "msg", "--json")
+	r = e.sbxfs("commit", "--plan", "p", "-m", "msg", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
 	var res planJSON
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
