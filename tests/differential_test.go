@@ -489,6 +489,9 @@ func newDiffRunGuard(t *testing.T, seed int64, guard, links bool, opSet int) *di
 	}
 	sb := mountSandbox(t, orig, opts...)
 	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb, groupIno: map[uint64]bool{}, ops: diffOpsOf(opSet)}
+	if *flagDiffChurn {
+		r.ops = diffChurnOps
+	}
 	if links && plain {
 		r.links = newLinkModel(t, ref)
 	}

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,15 @@ import (
 // moved one was removed was taken for the moved one: ErrOriginalChanging
 // on every read).
 var diffOps3 = []weightedOp{{2, opRemoveTree}, {2, opRemakeTree}}
+
+var flagDiffChurn = flag.Bool("diff.churn", false, "the differential tests draw only from operations that move, remove and make names "+
+	"(renames, trees removed and made again, links), with some writes: histories that stress the change set's rename lineage")
+
+// diffChurnOps are the operations of -diff.churn.
+var diffChurnOps = []weightedOp{
+	{16, opRename}, {6, opMkdir}, {4, opRmdir}, {6, opUnlink}, {6, opCreate}, {5, opRemoveTree}, {5, opRemakeTree},
+	{3, opLink}, {2, opSymlink}, {3, opWriteAt}, {1, opChmod},
+}
 
 // opRemoveTree removes a directory with everything beneath it (rm -rf).
 func opRemoveTree(r *diffRun) diffOp {
