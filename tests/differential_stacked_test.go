@@ -30,13 +30,7 @@ func TestDifferentialStacked(t *testing.T) {
 	sb := mountSandbox(t, first.sb.upper, withLowers(first.sb.orig))
 	r := &diffRun{t: t, seed: seed, rng: first.rng, ref: first.ref, sb: sb, groupIno: map[uint64]bool{}, ops: first.ops,
 		links: newLinkModel(t, first.ref)}
-	for side := range r.fds {
-		for k := range r.fds[side] {
-			r.fds[side][k] = -1
-			r.dfds[side][k] = -1
-		}
-	}
-	t.Cleanup(r.closeFds) // before the unmount
+	r.initFds()
 	r.compareTrees("start of the second sandbox")
 	r.run(*flagDiffOps - n1)
 	r.compareTrees("end")

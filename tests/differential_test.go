@@ -504,15 +504,21 @@ func newDiffRunGuard(t *testing.T, seed int64, guard, links bool, opSet int) *di
 			r.groupIno[st.Ino] = true
 		}
 	}
+	r.initFds()
+	r.compareTrees("start")
+	return r
+}
+
+// initFds marks every descriptor slot closed and closes what is open
+// when the test ends, before the unmount.
+func (r *diffRun) initFds() {
 	for side := range r.fds {
 		for k := range r.fds[side] {
 			r.fds[side][k] = -1
 			r.dfds[side][k] = -1
 		}
 	}
-	t.Cleanup(r.closeFds) // before the unmount
-	r.compareTrees("start")
-	return r
+	r.t.Cleanup(r.closeFds)
 }
 
 func (r *diffRun) run(n int) {
