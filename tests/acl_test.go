@@ -67,18 +67,34 @@ func makeObjects(args []string) int {
 	return 0
 }
 
-// TestPosixACLs: POSIX ACLs count in the permission checks of the mount
-// as on ext4 (the kernel checks them: the mount negotiates FUSE_POSIX_ACL),
-// setfacl through the mount changes the mode as on ext4, and a commit
-// carries the ACL to the original. Each step is done on a plain
-// directory too, and nobody's access and getfacl's output compared.
-func TestPosixACLs(t *testing.T) {
+// requireACLTools fails the test without the acl tools (which
+// scripts/install-deps.sh installs); it needs the CLI too.
+func requireACLTools(t *testing.T) {
+	t.Helper()
 	requireCLI(t)
 	for _, tool := range []string{"setfacl", "getfacl"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s not found: install acl (scripts/install-deps.sh)", tool)
 		}
 	}
+}
+
+// runOK runs name with args (10 s at most) and returns its output; a
+// failure fails the test.
+func runOK(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := runTimeout(10*time.Second, name, args...)
+	require.NoError(t, err, "%s %v: %s", name, args, out)
+	return string(out)
+}
+
+// TestPosixACLs: POSIX ACLs count in the permission checks of the mount
+// as on ext4 (the kernel checks them: the mount negotiates FUSE_POSIX_ACL),
+// setfacl through the mount changes the mode as on ext4, and a commit
+// carries the ACL to the original. Each step is done on a plain
+// directory too, and nobody's access and getfacl's output compared.
+func TestPosixACLs(t *testing.T) {
+	requireACLTools(t)
 	files := map[string]string{"denied": "secret\n", "granted": "shared\n", "later": "later\n"}
 	orig := newOrig(t, files)
 	ref := newOrig(t, files)
@@ -87,12 +103,7 @@ func TestPosixACLs(t *testing.T) {
 	sb := mountSandbox(t, orig, withAllowOther())
 	openParents(t, sb.mnt)
 
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := runTimeout(10*time.Second, name, args...)
-		require.NoError(t, err, "%s %v: %s", name, args, out)
-		return string(out)
-	}
+	run := func(name string, args ...string) string { return runOK(t, name, args...) }
 	for _, root := range []string{orig, ref} {
 		require.NoError(t, os.Chmod(filepath.Join(root, "denied"), 0o644))
 		run("setfacl", "-m", "u:nobody:---", filepath.Join(root, "denied"))
@@ -140,12 +151,7 @@ func TestPosixACLs(t *testing.T) {
 // step is done on a plain directory as well; modes and getfacl's output
 // must match, in the mount and in the original after the commit.
 func TestDefaultACLInheritance(t *testing.T) {
-	requireCLI(t)
-	for _, tool := range []string{"setfacl", "getfacl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not found: install acl (scripts/install-deps.sh)", tool)
-		}
-	}
+	requireACLTools(t)
 	files := map[string]string{"named/old-f": "o\n", "named/old-x": "o\n", "named/old-sub/inner": "o\n", "equiv/keep": "k\n", "plain/keep": "k\n"}
 	orig := newOrig(t, files)
 	ref := newOrig(t, files)
@@ -213,19 +219,9 @@ func TestDefaultACLInheritance(t *testing.T) {
 // mount's root showed none of them, that commit removed them all, and
 // the root kept the sandbox's mode and attributes after rollback --keep.
 func TestRootAttributesAreKept(t *testing.T) {
-	requireCLI(t)
-	for _, tool := range []string{"setfacl", "getfacl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not found: install acl (scripts/install-deps.sh)", tool)
-		}
-	}
+	requireACLTools(t)
 	orig, ref := newOrig(t, map[string]string{"f": "f\n"}), newOrig(t, map[string]string{"f": "f\n"})
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := runTimeout(10*time.Second, name, args...)
-		require.NoError(t, err, "%s %v: %s", name, args, out)
-		return string(out)
-	}
+	run := func(name string, args ...string) string { return runOK(t, name, args...) }
 	for _, root := range []string{orig, ref} {
 		run("setfacl", "-m", "u:nobody:rwx", "-d", "-m", "g:nogroup:r-x", root)
 		require.NoError(t, unix.Setxattr(root, "user.project", []byte("sbxfs"), 0))
