@@ -55,7 +55,7 @@ func (e *Error) Error() string {
 	if len(e.Conflicts) > 0 {
 		b.WriteString(":")
 		for _, c := range e.Conflicts {
-			fmt.Fprintf(&b, "\n  %s: %s", c.Path, c.Reason)
+			fmt.Fprintf(&b, "\n  %s: %s", shownPath(c.Path), c.Reason)
 		}
 	}
 	if e.Cause != nil {
@@ -71,6 +71,15 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.Err }
+
+// shownPath is a sandbox path as messages name it: the root is ".", as
+// status names it.
+func shownPath(p string) string {
+	if p == "" {
+		return "."
+	}
+	return p
+}
 
 // Errors to match with errors.Is.
 var (
@@ -94,12 +103,16 @@ type Conflict struct {
 }
 
 // conflict is a Conflict with the original path whose state Resolve
-// records as the base, "" where recording it cannot make the commit work
-// (the original's object is needed and gone, or a symlink is on the way).
+// records as the base ("" is the root), unresolvable where recording it
+// cannot make the commit work (the original's object is needed and gone,
+// or a symlink is on the way).
 type conflict struct {
 	Conflict
 	key string
 }
+
+// unresolvable is the key of a conflict Resolve cannot settle: no path.
+const unresolvable = "\x00"
 
 // conflicts compares each changed path's original with what the sandbox
 // saw when it first changed it.
@@ -144,7 +157,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 		there, st, err := orig.inTree(p)
 		switch {
 		case err != nil:
-			add(c.Path, err.Error(), "")
+			add(c.Path, err.Error(), unresolvable)
 		case !seen && there && p != "" && c.Kind != layers.Deleted && !inNewDir(newDirs, c.Path):
 			// The sandbox never saw an original object there (it would
 			// have recorded its signature before changing it): the
@@ -169,7 +182,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			// Beneath a symlink, by resolving the symlink's conflict.
 			key := p
 			if q := orig.firstSymlink(p); q != "" {
-				key = ""
+				key = unresolvable
 				symlinkOnTheWay(q)
 			}
 			add(c.Path, "removed from the original", key)
@@ -235,7 +248,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 		}
 		switch there, st, err := orig.inTree(q); {
 		case err != nil:
-			add(dir, err.Error(), "")
+			add(dir, err.Error(), unresolvable)
 		case !there && base == resolvedGone:
 		case !there && acceptedSymlink(orig, bases, orig.firstSymlink(q)):
 			// Beneath a symlink a resolve accepted: made anew.
@@ -245,7 +258,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			// the symlink's conflict.
 			key := q
 			if s := orig.firstSymlink(q); s != "" {
-				key = ""
+				key = unresolvable
 				symlinkOnTheWay(s)
 			}
 			add(dir, "removed from the original", key)
@@ -348,7 +361,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 			// sandbox only saw, a directory then, too).
 			switch q := orig.firstSymlink(p); {
 			case q == "":
-				out = append(out, conflict{Conflict{Path: c.Path, Reason: ReasonChangedWhileRead}, ""})
+				out = append(out, conflict{Conflict{Path: c.Path, Reason: ReasonChangedWhileRead}, unresolvable})
 			case changed[q] || acceptedSymlink(orig, bases, q):
 				// Nothing of the original's is beneath: it goes, or a
 				// resolve accepted it.

@@ -65,13 +65,13 @@ func Resolve(cfg layers.Config, paths []string) (resolved, left []Conflict, err 
 				continue
 			}
 			n++
-			if c.key == "" {
-				return nil, nil, fmt.Errorf("%s (%s): %w (a symlink is on the way to it, or the original could not be read); put the original back as it was, use --force, or roll the sandbox back", p, c.Reason, ErrUnresolvable)
+			if c.key == unresolvable {
+				return nil, nil, fmt.Errorf("%s (%s): %w (a symlink is on the way to it, or the original could not be read); put the original back as it was, use --force, or roll the sandbox back", shownPath(p), c.Reason, ErrUnresolvable)
 			}
 			there, st, err := orig.inTree(c.key)
 			switch {
 			case err != nil:
-				return nil, nil, fmt.Errorf("%s: %w", p, err)
+				return nil, nil, fmt.Errorf("%s: %w", shownPath(p), err)
 			case there:
 				over[c.key] = layers.SignatureOf(&st)
 			default:
@@ -80,7 +80,7 @@ func Resolve(cfg layers.Config, paths []string) (resolved, left []Conflict, err 
 			resolved = append(resolved, c.Conflict)
 		}
 		if n == 0 {
-			return nil, nil, fmt.Errorf("%s: %w", p, ErrNotAConflict)
+			return nil, nil, fmt.Errorf("%s: %w", shownPath(p), ErrNotAConflict)
 		}
 	}
 	if err := writeRebase(cfg.Work, over); err != nil {

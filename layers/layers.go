@@ -162,37 +162,46 @@ func (l *Layers) adoptRoot() error {
 	if _, ok := l.readOrigin(l.upper); ok {
 		return nil
 	}
-	return l.matchRoot()
+	st, err := l.matchRoot()
+	if err != nil {
+		return err
+	}
+	return l.noteBase(Origin{}, &st)
 }
 
 // matchRoot gives the upper root the original root's owner, mode,
 // attributes and times (adoptRoot), dropping any attribute of its own
 // (Reset: after a rollback with --keep the root must be the original's
-// again, as status says).
-func (l *Layers) matchRoot() error {
+// again, as status says). It returns the original root's signature from
+// before it read anything: the base of the root, which the journal
+// records (the root is copied up here, not at its first change), so that
+// a commit of the root's metadata is checked against what the original
+// did since (before 2026-11-27 an attribute the original root got after
+// the sandbox was made was lost by such a commit, without a conflict).
+func (l *Layers) matchRoot() (unix.Stat_t, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(l.lowers[0], &st); err != nil {
-		return fmt.Errorf("original %q: %w", l.lowers[0], err)
+		return st, fmt.Errorf("original %q: %w", l.lowers[0], err)
 	}
 	if l.root {
 		if err := unix.Lchown(l.upper, int(st.Uid), int(st.Gid)); err != nil {
-			return err
+			return st, err
 		}
 	}
 	if err := unix.Chmod(l.upper, st.Mode&0o7777); err != nil {
-		return err
+		return st, err
 	}
 	if err := l.adoptRootXattrs(); err != nil {
-		return err
+		return st, err
 	}
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, l.upper, []unix.Timespec{st.Atim, st.Mtim}, 0); err != nil {
-		return err
+		return st, err
 	}
 	og := origin{ino: l.stableIno(st.Dev, st.Ino), path: ""}
 	if err := unix.Lsetxattr(l.upper, l.ns.origin, og.encode(), 0); err != nil {
-		return fmt.Errorf("upper %q takes no %s attributes (%w); put the upper on a filesystem with xattr support", l.upper, l.ns.overlay, err)
+		return st, fmt.Errorf("upper %q takes no %s attributes (%w); put the upper on a filesystem with xattr support", l.upper, l.ns.overlay, err)
 	}
-	return nil
+	return st, nil
 }
 
 // adoptRootXattrs gives the upper root the original root's extended

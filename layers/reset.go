@@ -21,9 +21,18 @@ func (l *Layers) Reset() error {
 			return fmt.Errorf("empty the upper: %w", err)
 		}
 	}
-	if err := l.matchRoot(); err != nil {
+	st, err := l.matchRoot()
+	if err != nil {
 		return fmt.Errorf("reset the root: %w", err)
 	}
+	if err := l.newJournal(); err != nil {
+		return err
+	}
+	return l.noteBase(Origin{}, &st)
+}
+
+// newJournal replaces the journal with an empty one.
+func (l *Layers) newJournal() error {
 	l.jmu.Lock()
 	defer l.jmu.Unlock()
 	path := l.journal.path

@@ -135,7 +135,10 @@ func printResolve(w io.Writer, out resolveJSON, mnt string) {
 func sandboxRelative(sb *sandbox, a string) (string, error) {
 	if !filepath.IsAbs(a) {
 		p := path.Clean(a)
-		if p == "." || p == ".." || strings.HasPrefix(p, "../") {
+		switch {
+		case p == ".":
+			return "", nil // the root, as status names it
+		case p == ".." || strings.HasPrefix(p, "../"):
 			return "", failf(exitBadPath, "%q is not a path inside the sandbox; give it as the conflicts name it", a)
 		}
 		return p, nil
@@ -146,7 +149,10 @@ func sandboxRelative(sb *sandbox, a string) (string, error) {
 	}
 	roots = append(roots, sb.meta.Lowers[0])
 	for _, root := range roots {
-		if rel, err := filepath.Rel(root, filepath.Clean(a)); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
+		if rel, err := filepath.Rel(root, filepath.Clean(a)); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			if rel == "." {
+				rel = "" // the root
+			}
 			return rel, nil
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -72,4 +74,50 @@ func TestResolveConflicts(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	assertFile(t, filepath.Join(f.orig, "a.txt"), "theirs\nhello\nmine\n")
 	assertFile(t, filepath.Join(f.orig, "b.txt"), "b\n")
+}
+
+// TestRootConflict: the original's root gets an attribute after the
+// sandbox was made, and the sandbox changes the root's mode. The commit
+// refuses, naming the root "."; entries the original made in its root
+// alone are no conflict. `resolve MOUNTPOINT .` (or the mountpoint itself)
+// keeps the sandbox's version; the commit then applies the mode. Before,
+// the commit applied the root's metadata and lost the attribute without
+// a word.
+func TestRootConflict(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin, f := mountedFixture(t)
+	require.NoError(t, unix.Chmod(f.mnt, 0o700))
+	writeFile(t, filepath.Join(f.orig, "made-in-the-original"), "o\n")
+	r := runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.NotContains(t, r.stdout, "conflict", "entries the original made in its root are no conflict")
+
+	require.NoError(t, unix.Setxattr(f.orig, "user.later", []byte("L"), 0))
+	r = runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "1 conflict:")
+	assert.Contains(t, r.stdout, "\n  .: changed in the original, and its owner or attributes differ from the sandbox's\n")
+	r = runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitConflict, "\n  .: changed in the original")
+	v := make([]byte, 8)
+	n, err := unix.Getxattr(f.orig, "user.later", v)
+	require.NoError(t, err, "nothing was applied")
+	assert.Equal(t, "L", string(v[:n]))
+
+	for _, arg := range []string{".", f.mnt} {
+		r = runBin(t, bin, "resolve", f.mnt, arg)
+		require.Equal(t, 0, r.code, "resolve %s: %s", arg, r.stderr)
+		assert.Contains(t, r.stdout, "no conflicts")
+		if arg == "." {
+			require.NoError(t, unix.Setxattr(f.orig, "user.again", []byte("A"), 0))
+		}
+	}
+	r = runBin(t, bin, "commit", f.mnt)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(f.orig, &st))
+	assert.Equal(t, uint32(0o700), st.Mode&0o7777, "the sandbox's mode is applied")
+	_, err = unix.Getxattr(f.orig, "user.later", v)
+	assert.ErrorIs(t, err, unix.ENODATA, "the sandbox's version, resolved, has no such attribute")
 }
