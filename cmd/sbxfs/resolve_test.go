@@ -121,3 +121,41 @@ func TestRootConflict(t *testing.T) {
 	_, err = unix.Getxattr(f.orig, "user.later", v)
 	assert.ErrorIs(t, err, unix.ENODATA, "the sandbox's version, resolved, has no such attribute")
 }
+
+// TestKeptResetGivesTheRootBack: a rollback with --keep, of a mounted
+// sandbox and of one unmounted, gives the root the original's mode and
+// attributes again, as status says ("no changes"); a conflict on the root
+// afterwards is measured from then.
+func TestKeptResetGivesTheRootBack(t *testing.T) {
+	requireFuse(t)
+	t.Parallel()
+	bin, f := mountedFixture(t)
+	var orig unix.Stat_t
+	require.NoError(t, unix.Stat(f.orig, &orig))
+	for _, mounted := range []bool{true, false} {
+		require.NoError(t, unix.Chmod(f.mnt, 0o700))
+		require.NoError(t, unix.Setxattr(f.mnt, "user.mine", []byte("m"), 0))
+		target := f.mnt
+		if !mounted {
+			r := runBin(t, bin, "unmount", f.mnt)
+			require.Equal(t, 0, r.code, r.stderr)
+			target = f.dir
+		}
+		r := runBin(t, bin, "rollback", "--keep", target)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Empty(t, statusOf(t, target).Changes)
+		if !mounted {
+			r = runBin(t, bin, "mount", "--upper", f.dir, f.orig, f.mnt)
+			require.Equal(t, 0, r.code, r.stderr)
+		}
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(f.mnt, &st))
+		assert.Equal(t, orig.Mode, st.Mode, "the root's mode after rollback --keep (mounted %v)", mounted)
+		_, err := unix.Getxattr(f.mnt, "user.mine", make([]byte, 8))
+		assert.ErrorIs(t, err, unix.ENODATA, "the root's attribute after rollback --keep (mounted %v)", mounted)
+	}
+	require.NoError(t, unix.Setxattr(f.orig, "user.theirs", []byte("t"), 0))
+	require.NoError(t, unix.Chmod(f.mnt, 0o750))
+	r := runBin(t, bin, "commit", f.mnt)
+	assertFailure(t, r, exitConflict, "\n  .: changed in the original")
+}

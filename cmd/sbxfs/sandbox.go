@@ -133,17 +133,20 @@ func (sb *sandbox) discard() error {
 	return emptyDir(sb.work)
 }
 
-// resetOnDisk empties an unmounted sandbox but keeps it: upper emptied,
-// journal removed, the record kept.
+// resetOnDisk empties an unmounted sandbox but keeps it, as a mounted one
+// is reset (layers.Reset): the upper emptied, its root given the
+// original root's metadata again, the journal started anew, the record
+// kept. Before 2026-11-27 the root kept the sandbox's mode and attributes.
 func (sb *sandbox) resetOnDisk() error {
-	if err := emptyDir(sb.meta.Upper); err != nil {
+	l, err := layers.Open(sb.cfg)
+	if err != nil {
 		return err
 	}
-	err := os.Remove(filepath.Join(sb.work, "journal"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+	if err := l.Reset(); err != nil {
+		l.Close()
+		return err
 	}
-	return err
+	return l.Close()
 }
 
 func emptyDir(dir string) error {
