@@ -840,10 +840,7 @@ func (l *Layers) resolveLower(p string) (*lowerHit, bool, error) {
 	if strings.HasPrefix(p, madeHere) {
 		return nil, false, nil
 	}
-	var cur []Origin
-	for i := range l.lowers {
-		cur = append(cur, Origin{Layer: i})
-	}
+	cur := l.lowerRoots(0)
 	names := splitRel(p)
 	for i, name := range names {
 		first, dirs, err := l.stepLowers(cur, name, false)

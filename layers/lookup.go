@@ -20,12 +20,7 @@ func (l *Layers) Root() (Entry, error) {
 	if l.isOpaque(l.upper) {
 		return e, nil
 	}
-	for i := range l.lowers {
-		e.Lowers = append(e.Lowers, Origin{Layer: i})
-		if i < len(l.lowers)-1 && l.isOpaque(l.lowers[i]) {
-			break
-		}
-	}
+	e.Lowers = l.lowerRoots(0)
 	e.Stat.Nlink = 1
 	return e, nil
 }
@@ -203,13 +198,7 @@ func (l *Layers) lowerDirsAt(path string) []Origin { return l.lowerDirsFrom(path
 
 // lowerDirsFrom is lowerDirsAt in the layers from the layer from down.
 func (l *Layers) lowerDirsFrom(path string, from int) []Origin {
-	var cur []Origin
-	for i := from; i < len(l.lowers); i++ {
-		cur = append(cur, Origin{Layer: i})
-		if i < len(l.lowers)-1 && l.isOpaque(l.lowers[i]) {
-			break
-		}
-	}
+	cur := l.lowerRoots(from)
 	for _, name := range strings.Split(path, "/") {
 		if name == "" {
 			continue
@@ -221,6 +210,19 @@ func (l *Layers) lowerDirsFrom(path string, from int) []Origin {
 		cur = dirs
 	}
 	return cur
+}
+
+// lowerRoots are the roots of the layers from the layer from down that
+// merge, top first: an opaque root hides the layers below it.
+func (l *Layers) lowerRoots(from int) []Origin {
+	var roots []Origin
+	for i := from; i < len(l.lowers); i++ {
+		roots = append(roots, Origin{Layer: i})
+		if i < len(l.lowers)-1 && l.isOpaque(l.lowers[i]) {
+			break
+		}
+	}
+	return roots
 }
 
 // lowerDirsOf resolves the lower directories merged beneath the overlay
