@@ -50,6 +50,13 @@ type Change struct {
 // ChangeSet is every path a sandbox changed, sorted by path.
 type ChangeSet struct {
 	Changes []Change `json:"changes"`
+	// Dropped are removals for Listing alone, named by original paths:
+	// an original object the sandbox moved, then removed where a new
+	// object stands now (mv a/b m; rm -r m; mkdir m). Changes has no path
+	// for them (m is the new object's), and the commit needs none: the
+	// original's object at its own path is replaced by what stands there
+	// now, or removed by the change of that path.
+	Dropped []Change `json:"dropped,omitempty"`
 }
 
 // Changes computes the change set of a sandbox from its journal and the
@@ -98,6 +105,8 @@ type touched struct {
 	// paths something was moved to from an original path (movedAway).
 	movedFrom map[string][]string
 	dirs      dirCache
+	// dropped collects ChangeSet.Dropped (noteDropped).
+	dropped []Change
 }
 
 func replay(recs []Record) *touched {
@@ -292,6 +301,10 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 	cs.Changes = slices.DeleteFunc(cs.Changes, func(c Change) bool {
 		return c.Kind == Deleted && renamedFrom[t.counterpart(c.Path)]
 	})
+	if len(t.dropped) > 0 {
+		slices.SortFunc(t.dropped, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+		cs.Dropped = slices.CompactFunc(t.dropped, func(a, b Change) bool { return a.Path == b.Path })
+	}
 	return cs, nil
 }
 
@@ -491,6 +504,11 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		}
 	}
 	if !inLo && cp != p {
+		if inOv && strings.HasPrefix(cp, madeHere) {
+			if err := l.noteDropped(p, t); err != nil {
+				return Change{}, false, err
+			}
+		}
 		// What p was renamed from was made in the sandbox: p has no
 		// counterpart elsewhere, only the original's object in its place.
 		if lo, inLo, err = l.lowerInPlace(t.dirs, p); err != nil {
@@ -609,6 +627,31 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c.Kind = kind
 	return c, true, nil
+}
+
+// noteDropped records in t.dropped the removal of the original object
+// that p's rename lineage names, where the object at p now is one the
+// sandbox made after that object, moved to p, was removed there (mv a/b
+// m; rm -r m; mkdir m): no path of the change set names that removal.
+// Where the object lives on (moved elsewhere, or still at its own path),
+// nothing was removed. Before 2026-11-27 status never named it: a/b and
+// what it held went unlisted when a/b's own path held another object
+// (an exchange put one there).
+func (l *Layers) noteDropped(p string, t *touched) error {
+	q := t.counterpart(p)
+	if q == p || strings.HasPrefix(q, madeHere) {
+		return nil
+	}
+	lo, ok, err := l.resolveLower(q)
+	if err != nil || !ok || l.movedAway(q, p, t) {
+		return err
+	}
+	ov, ok, err := l.resolveIn(t.dirs, q)
+	if err != nil || ok && l.cameFrom(&ov, q) {
+		return err
+	}
+	t.dropped = append(t.dropped, Change{Path: q, Kind: Deleted, Type: TypeName(lo.st.Mode), Original: q})
+	return nil
 }
 
 // isOriginalsCopy reports whether the overlay object ov at p is the

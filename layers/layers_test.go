@@ -393,7 +393,8 @@ func TestChangeSetNewDirectoryWhereAMovedOneWasRemoved(t *testing.T) {
 	for _, c := range cs.Listing() {
 		listing = append(listing, string(c.Kind)+" "+c.Path)
 	}
-	assert.Equal(t, []string{"deleted d", "deleted d/g", "created d2", "created d2/sub", "created d2/sub/f"}, listing)
+	// d/sub and d/sub/f were removed where new ones stand now (Dropped).
+	assert.Equal(t, []string{"deleted d", "deleted d/g", "deleted d/sub", "deleted d/sub/f", "created d2", "created d2/sub", "created d2/sub/f"}, listing)
 }
 
 // createEmpty makes the empty file name in dir through the layers.
@@ -744,4 +745,29 @@ func TestUpperServesAsLower(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, cs.Listing(), Change{Path: "d3/e/z", Kind: Deleted, Type: "file", Original: "d3/e/z"},
 		"the removal is named by its path in the original")
+}
+
+// TestChangeSetRemovalWhereANewObjectStands: a/b exchanged with h/n2,
+// then moved to m, removed there with what it held, and m made again. The
+// listing names a/b and a/b/f removed (and a/b made from h/n2): before,
+// nothing named them, as m holds a new object and a/b another one.
+func TestChangeSetRemovalWhereANewObjectStands(t *testing.T) {
+	s := newStack(t, map[string]string{"a/b/f": "1", "a/g": "2", "h/n2/z": "3"})
+	var o Obj
+	require.NoError(t, s.Rename("a", s.dir("a"), "b", &o, "h", s.dir("h"), "n2", unix.RENAME_EXCHANGE, s.c))
+	require.NoError(t, s.Rename("h", s.dir("h"), "n2", &o, "", s.dir(""), "m", 0, s.c))
+	require.NoError(t, s.Unlink("m", s.dir("m"), "f", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "m", s.c))
+	_, err := s.Mkdir("", s.dir(""), "m", 0o755, s.c)
+	require.NoError(t, err)
+	s.createEmpty("m", "f")
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	assert.Equal(t, []Change{
+		{Path: "a/b", Kind: Deleted, Type: "dir", Original: "a/b"},
+		{Path: "a/b", Kind: Renamed, From: "h/n2", Type: "dir"},
+		{Path: "a/b/f", Kind: Deleted, Type: "file", Original: "a/b/f"},
+		{Path: "m", Kind: Created, Type: "dir"},
+		{Path: "m/f", Kind: Created, Type: "file"},
+	}, cs.Listing())
 }

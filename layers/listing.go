@@ -41,9 +41,9 @@ func (cs ChangeSet) Listing() []Change {
 		}
 		removed[at] = true
 		if at != c.Path {
-			c.Path, c.Original, moved = at, at, true
+			c.Path, moved = at, true
 		}
-		c.Replaced = ""
+		c.Original, c.Replaced = at, ""
 		out = append(out, c)
 	}
 	for _, c := range cs.Changes {
@@ -61,6 +61,10 @@ func (cs ChangeSet) Listing() []Change {
 				remove(c, c.Replaced)
 			}
 		}
+	}
+	for _, c := range cs.Dropped {
+		remove(c, c.Path)
+		moved = true
 	}
 	if moved {
 		slices.SortStableFunc(out, func(a, b Change) int {
