@@ -797,3 +797,72 @@ func TestSeveralLowersAreNotCommitted(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, cs.Changes, 2, "the changes stay")
 }
+
+// rmrf removes p and everything beneath it, deepest first, in the
+// sandbox and the reference (rm -r).
+func (s *sandbox) rmrf(p string) {
+	var paths []string
+	require.NoError(s.t, filepath.Walk(filepath.Join(s.ref, p), func(q string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(s.ref, q)
+		paths = append(paths, rel)
+		return nil
+	}))
+	slices.Reverse(paths)
+	for _, q := range paths {
+		s.remove(q)
+	}
+}
+
+// TestRemovalBeneathARemadeDirectory: rm -r h, mkdir -p h/i/j (and a file
+// made again in it), mv h g/x: the change set removes the original's h,
+// and its h/i, h/i/j and files went with it, at paths the new objects
+// hold now (no change of theirs names them). The original, meanwhile,
+// makes a file in h/i, replaces h/i/j/f by a directory and changes h/y's
+// content: the commit refuses on each (each would be lost), and once they
+// are resolved in the sandbox's favour applies the sandbox's tree. Before
+// 2026-11-27 the commit dropped all three without a conflict (found by
+// TestDifferentialConcurrentCommit -diff.churn, seed 1894412).
+func TestRemovalBeneathARemadeDirectory(t *testing.T) {
+	s := newSandbox(t, map[string]string{"h/i/j/f": "1", "h/i/j/k": "2", "h/i/z": "3", "h/y": "4", "g/keep": "5"})
+	s.rmrf("h")
+	s.mkdir("h")
+	s.mkdir("h/i")
+	s.mkdir("h/i/j")
+	s.write("h/i/j/f", "made again")
+	s.rename("h", "g/x")
+	s.done()
+	require.NoError(t, os.WriteFile(filepath.Join(s.orig, "h/i/other"), []byte("other writer"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(s.orig, "h/i/j/f")))
+	require.NoError(t, os.Mkdir(filepath.Join(s.orig, "h/i/j/f"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(s.orig, "h/i/j/f/inside"), []byte("other writer"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(s.orig, "h/y"), []byte("changed"), 0o644))
+	before := snapshot(t, s.orig)
+
+	err := commitAll(t, s.cfg, Options{})
+	var ce *Error
+	require.ErrorAs(t, err, &ce)
+	var got []string
+	for _, c := range ce.Conflicts {
+		got = append(got, c.Path+": "+c.Reason)
+	}
+	assert.ElementsMatch(t, []string{
+		"h/i/other: " + unaccountedReason,
+		"h/i/j/f: replaced in the original",
+		"h/i/j/f/inside: " + unaccountedReason,
+		"h/y: content changed in the original",
+	}, got)
+	assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+
+	var paths []string
+	for _, c := range ce.Conflicts {
+		paths = append(paths, c.Path)
+	}
+	_, left, err := Resolve(s.cfg, paths)
+	require.NoError(t, err)
+	assert.Empty(t, left)
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig), "the sandbox's tree, once resolved")
+}

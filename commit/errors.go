@@ -115,10 +115,11 @@ type conflict struct {
 const unresolvable = "\x00"
 
 // conflicts compares each changed path's original with what the sandbox
-// saw when it first changed it.
-func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]layers.Signature) []Conflict {
+// saw when it first changed it (bases: the journal's, with what an undo or
+// Resolve recorded over them; saw: the journal's alone).
+func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases, saw map[string]layers.Signature) []Conflict {
 	var out []Conflict
-	for _, c := range findConflicts(orig, upper, cs, bases) {
+	for _, c := range findConflicts(orig, upper, cs, bases, saw) {
 		out = append(out, c.Conflict)
 	}
 	return out
@@ -128,7 +129,7 @@ func conflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]l
 // its absence is what the sandbox's change replaces.
 var resolvedGone = layers.Signature{}
 
-func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[string]layers.Signature) []conflict {
+func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases, saw map[string]layers.Signature) []conflict {
 	r := newRenames(cs)
 	// newDirs: true for a directory the sandbox made, false for one it
 	// moved (an original directory, wherever it went).
@@ -266,7 +267,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases map[stri
 			add(dir, "replaced in the original", q)
 		}
 	}
-	return distinct(append(out, unaccounted(orig, cs, r, bases)...))
+	return distinct(append(out, unaccounted(orig, cs, r, bases, saw)...))
 }
 
 // distinct drops repeated conflicts (one symlink on the way of several
@@ -334,7 +335,7 @@ func sameAttrs(orig *tree, rel, upper string) bool {
 // journal: whatever it became, the change set has it). An entry that is
 // neither was made in the original after the sandbox emptied the
 // directory, or the original changed while the change set was read.
-func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]layers.Signature) []conflict {
+func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases, saw map[string]layers.Signature) []conflict {
 	changed := map[string]bool{}   // original paths the change set changes
 	movedAway := map[string]bool{} // original paths renamed elsewhere
 	for _, c := range cs.Changes {
@@ -347,7 +348,57 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 	for p := range bases {
 		keys[p] = true
 	}
+	own := map[string]bool{} // original paths a change takes away (each walked for it)
+	for _, c := range cs.Changes {
+		if p, ok := takesAway(r, c); ok {
+			own[p] = true
+		}
+	}
 	var out []conflict
+	// walk checks the entries (names) of the original directory p, which
+	// the commit drops (shown: where the sandbox's change names it).
+	var walk func(p, shown string, names []string)
+	walk = func(p, shown string, names []string) {
+		for _, n := range names {
+			q, s := path.Join(p, n), path.Join(shown, n)
+			if !keys[q] {
+				out = append(out, conflict{Conflict{Path: s, Reason: unaccountedReason}, q})
+				continue
+			}
+			if changed[q] || movedAway[q] || own[q] {
+				continue // checked with its own change
+			}
+			// Removed along, by the sandbox (it recorded the base), at
+			// a path that holds another object now: no change names it
+			// (mv h g/x after rm -r h and mkdir -p h/i). Check it as its
+			// removal would be, and what it holds. Before 2026-11-27 the
+			// commit dropped what the original made or replaced beneath
+			// it without a conflict (TestRemovalBeneathARemadeDirectory).
+			base, seen := bases[q]
+			there, st, err := orig.inTree(q)
+			switch {
+			case err != nil:
+				out = append(out, conflict{Conflict{Path: s, Reason: err.Error()}, unresolvable})
+				continue
+			case !seen || !there || base == resolvedGone:
+				continue
+			case layers.SignatureOf(&st) == base:
+			case base.Mode&unix.S_IFMT == unix.S_IFDIR && sameObject(base, &st) && base.Mode == st.Mode:
+				// Only its entries changed: each is checked below.
+			default:
+				// (What it holds now is named too, as for a change's
+				// own path.)
+				out = append(out, conflict{Conflict{Path: s, Reason: describe(base, &st)}, q})
+			}
+			if _, removed := saw[q]; removed && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				// (Not one only a resolve accepted, whole: the sandbox
+				// never saw it, and removes it with what it holds.)
+				if beneath, err := orig.names(q); err == nil {
+					walk(q, s, beneath)
+				}
+			}
+		}
+	}
 	for _, c := range cs.Changes {
 		p, ok := takesAway(r, c)
 		if !ok || movedAway[p] {
@@ -377,11 +428,7 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases map[string]la
 		if c.Kind == layers.Renamed {
 			shown = r.final(p)
 		}
-		for _, n := range names {
-			if !keys[path.Join(p, n)] {
-				out = append(out, conflict{Conflict{Path: path.Join(shown, n), Reason: unaccountedReason}, path.Join(p, n)})
-			}
-		}
+		walk(p, shown, names)
 	}
 	return out
 }

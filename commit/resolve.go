@@ -134,7 +134,7 @@ func conflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]conflict, error) {
 		return nil, err
 	}
 	defer orig.close()
-	return findConflicts(orig, cfg.Upper, cs, bases(cfg, recs)), nil
+	return findConflicts(orig, cfg.Upper, cs, bases(cfg, recs), layers.Bases(recs)), nil
 }
 
 // readRebase reads the bases recorded over the journal's (by an undo, or

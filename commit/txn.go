@@ -141,7 +141,7 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
 	if !opt.Force {
-		if cf := conflicts(x.orig, cfg.Upper, cs, bases(cfg, recs)); len(cf) > 0 {
+		if cf := conflicts(x.orig, cfg.Upper, cs, bases(cfg, recs), layers.Bases(recs)); len(cf) > 0 {
 			x.closeTrees()
 			return nil, &Error{Stage: StagePrepare, Conflicts: cf, Err: ErrConflict}
 		}
