@@ -49,7 +49,7 @@ func concurrentSeeds(t *testing.T, run func(t *testing.T, seed int64, ops int)) 
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Logf("seed %d (rerun: go test ./tests -run '%s$' -seed %d -diff.ops %d)", seed, strings.Split(t.Name(), "/")[0], seed, *flagDiffOps)
+			t.Logf("seed %d (rerun: go test ./tests -run '%s$' -seed %d -diff.ops %d%s)", seed, strings.Split(t.Name(), "/")[0], seed, *flagDiffOps, diffSetFlags())
 			run(t, seed, max(*flagDiffOps/50, 20))
 		})
 	}

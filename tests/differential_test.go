@@ -76,8 +76,20 @@ func diffSeed(t *testing.T) int64 {
 	if seed == 0 {
 		seed = time.Now().UnixNano() % 1_000_000_007
 	}
-	t.Logf("seed %d (rerun: go test ./tests -run '%s$' -seed %d -diff.ops %d)", seed, t.Name(), seed, *flagDiffOps)
+	t.Logf("seed %d (rerun: go test ./tests -run '%s$' -seed %d -diff.ops %d%s)", seed, t.Name(), seed, *flagDiffOps, diffSetFlags())
 	return seed
+}
+
+// diffSetFlags are the flags a rerun needs for the same operations.
+func diffSetFlags() string {
+	var f string
+	if *flagDiffOpSet != diffOpSetLatest {
+		f += fmt.Sprintf(" -diff.opset %d", *flagDiffOpSet)
+	}
+	if *flagDiffChurn {
+		f += " -diff.churn"
+	}
+	return f
 }
 
 // makeDiffOriginal builds an original of about 50 files in about 10
