@@ -97,7 +97,6 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"resolve of a plain directory", []string{"resolve", plain}, exitNotSbxfs, "not an sbxfs mount or sandbox"},
 		{"resolve of an unknown id", []string{"resolve", unknownID}, exitNotSbxfs, "no sandbox " + unknownID},
 		{"resolve with an option after the path", []string{"resolve", plain, "a", "--json"}, exitUsage, "put options before"},
-		{"resolve of an empty path", []string{"resolve", plain, ""}, exitUsage, "option or empty"},
 		// rollback
 		{"rollback without arguments", []string{"rollback"}, exitUsage, "MOUNTPOINT|DIR"},
 		{"rollback with a bad --wait", []string{"rollback", "--keep", "--wait", "-", plain}, exitUsage, "wait"},

@@ -59,8 +59,8 @@ func runResolve(c *cli.Context) error {
 		return err
 	}
 	for _, a := range args[1:] {
-		if strings.HasPrefix(a, "-") || a == "" {
-			return failf(exitUsage, "%q after MOUNTPOINT|DIR is an option or empty; put options before MOUNTPOINT|DIR and give each PATH as the conflicts name it (see 'sbxfs help resolve')", a)
+		if strings.HasPrefix(a, "-") {
+			return failf(exitUsage, "%q after MOUNTPOINT|DIR is an option; put options before MOUNTPOINT|DIR and give each PATH as the conflicts name it (see 'sbxfs help resolve')", a)
 		}
 	}
 	target, err := sandboxArg(c, args[0])
@@ -137,7 +137,7 @@ func sandboxRelative(sb *sandbox, a string) (string, error) {
 		p := path.Clean(a)
 		switch {
 		case p == ".":
-			return "", nil // the root, as status names it
+			return "", nil // the root, as status names it ("" in --json)
 		case p == ".." || strings.HasPrefix(p, "../"):
 			return "", failf(exitBadPath, "%q is not a path inside the sandbox; give it as the conflicts name it", a)
 		}
