@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -160,6 +161,83 @@ func MountContaining(entries []MountEntry, path string) *MountEntry {
 // the connection.
 func FuseConnDir(dev uint64) string {
 	return fmt.Sprintf("/sys/fs/fuse/connections/%d", uint64(unix.Major(dev))<<20|uint64(unix.Minor(dev)))
+}
+
+// FuseConn holds the control directory of one FUSE connection, opened
+// while its file system is mounted (OpenFuseConn): through it CutOff
+// reaches that connection alone. By name, FuseConnDir(dev) is whichever
+// connection has device number dev now, and an unmounted file system's
+// number is free at once: the next FUSE mount, anyone's, may get it, and
+// CutOffFuse, which goes by name, would abort that mount's connection.
+// fusectl removes a connection's directory when it goes; the held one
+// then has no control files (and theirs name no connection).
+type FuseConn struct {
+	mu  sync.Mutex
+	dir int // -1 once closed
+}
+
+// OpenFuseConn opens the control directory of the connection of the
+// mounted FUSE file system with device number dev. It needs fusectl
+// (/sys/fs/fuse/connections); cutting off needs root.
+func OpenFuseConn(dev uint64) (*FuseConn, error) {
+	fd, err := unix.Open(FuseConnDir(dev), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &FuseConn{dir: fd}, nil
+}
+
+// released reports whether the connection is gone. Called with mu held.
+// ("waiting" cannot be read again through one descriptor: fusectl's
+// files are not seekable.)
+func (c *FuseConn) released() bool {
+	if c.dir < 0 {
+		return true // closed: its server finished, the connection with it
+	}
+	fd, err := unix.Openat(c.dir, "waiting", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true
+	}
+	defer unix.Close(fd)
+	var b [32]byte
+	n, err := unix.Read(fd, b[:])
+	return err != nil || n == 0
+}
+
+// CutOff is CutOffFuse for the held connection: it ends it if it is still
+// alive wait after its mountpoint was unmounted, and reports whether it
+// did. It may be called again, and after Close (then it does nothing).
+func (c *FuseConn) CutOff(wait time.Duration) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for end := time.Now().Add(wait); !c.released(); time.Sleep(10 * time.Millisecond) {
+		if !time.Now().After(end) {
+			continue
+		}
+		fd, err := unix.Openat(c.dir, "abort", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			_, err = unix.Write(fd, []byte("1"))
+			unix.Close(fd)
+		}
+		if err != nil {
+			if c.released() {
+				return false, nil // gone in the meantime
+			}
+			return false, fmt.Errorf("cut off the FUSE connection: %w", err)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// Close closes the control directory.
+func (c *FuseConn) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dir >= 0 {
+		unix.Close(c.dir)
+		c.dir = -1
+	}
 }
 
 // CutOffFuse ends the connection of the FUSE file system with device

@@ -33,7 +33,13 @@ func (s *Server) CutOff() bool {
 	if s.stDev == 0 {
 		return false
 	}
-	cut, err := fsutil.CutOffFuse(s.stDev, cutOffWait)
+	var cut bool
+	var err error
+	if s.conn != nil {
+		cut, err = s.conn.CutOff(cutOffWait)
+	} else {
+		cut, err = fsutil.CutOffFuse(s.stDev, cutOffWait)
+	}
 	switch {
 	case err != nil:
 		s.fs.log.Warn("the mount's file system is still mounted elsewhere after its unmount, and cutting it off failed: the server serves it until it goes",

@@ -23,6 +23,7 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -65,6 +66,9 @@ type Server struct {
 	layers     *layers.Layers
 	mnt        string
 	stDev      uint64 // the mount's device number (CutOff), 0 when unknown
+	// conn holds the mount's FUSE connection (CutOff); nil where it
+	// cannot be opened (not root, no fusectl).
+	conn *fsutil.FuseConn
 }
 
 // ErrMount wraps every failure to mount.
@@ -106,6 +110,7 @@ func Mount(cfg Config) (*Server, error) {
 	var st unix.Stat_t
 	if unix.Stat(cfg.Mountpoint, &st) == nil {
 		s.stDev = st.Dev
+		s.conn, _ = fsutil.OpenFuseConn(st.Dev)
 		raiseReadahead(st.Dev)
 	}
 	return s, nil
@@ -297,6 +302,9 @@ func (s *Server) Wait() error {
 		s.fs.log.Warn("io_uring queues still running after unmount")
 	}
 	s.fs.stopFlusher()
+	if s.conn != nil {
+		s.conn.Close()
+	}
 	return s.layers.Close()
 }
 

@@ -81,11 +81,17 @@ func runUnmount(c *cli.Context) error {
 			return failf(exitBusy, "mount is busy: processes in another mount namespace use it (pid %s): end them, or use --lazy", joinInts(pids))
 		}
 	}
+	// The connection is held before the unmount: after it, its device
+	// number may name another mount's (fsutil.FuseConn).
+	conn, _ := fsutil.OpenFuseConn(e.Dev)
+	if conn != nil {
+		defer conn.Close()
+	}
 	if err := unmount(mnt, lazy); err != nil {
 		return err
 	}
 	if !lazy {
-		cutOff(c, mnt, e.Dev)
+		cutOff(c, mnt, e.Dev, conn)
 	}
 	timeout := serverExitTimeout
 	if lazy {
@@ -103,9 +109,17 @@ func runUnmount(c *cli.Context) error {
 
 // cutOff ends the connection of the sbxfs file system with device number
 // dev, just unmounted from mnt, where a bind mount or another mount
-// namespace still holds it (fsutil.CutOffFuse): its server finishes.
-func cutOff(c *cli.Context, mnt string, dev uint64) {
-	cut, err := fsutil.CutOffFuse(dev, 200*time.Millisecond)
+// namespace still holds it: its server finishes. conn is that connection,
+// held since before the unmount (nil when it could not be opened: then by
+// name, fsutil.CutOffFuse).
+func cutOff(c *cli.Context, mnt string, dev uint64, conn *fsutil.FuseConn) {
+	var cut bool
+	var err error
+	if conn != nil {
+		cut, err = conn.CutOff(200 * time.Millisecond)
+	} else {
+		cut, err = fsutil.CutOffFuse(dev, 200*time.Millisecond)
+	}
 	switch {
 	case err != nil:
 		fmt.Fprintf(c.App.ErrWriter, "sbxfs: %s is unmounted, but its file system is still mounted elsewhere (a bind mount, or another mount namespace) and cutting it off failed: %v\n", mnt, err)
