@@ -66,9 +66,34 @@ func runChild(t *testing.T, cfg layers.Config, mode, point string) {
 }
 
 func TestCrashAtEveryPointRecoversAllOldOrAllNew(t *testing.T) {
+	crashAtEveryPoint(t, base, work)
+}
+
+// Names that are not UTF-8 (and an attribute name that is not) come back
+// byte for byte from the undo log: the recovery puts back exactly the
+// names the commit moved. Before, JSON wrote U+FFFD for each bad byte, and
+// a crash left the original's file under another name.
+func TestCrashAtEveryPointWithNamesThatAreNotUTF8(t *testing.T) {
+	tree := map[string]string{
+		"caf\xe9/m\xff": "m", "caf\xe9/keep": "k", "d\xfe/x": "x", "gone\xfa": "g", "meta\xfb": "t",
+	}
+	crashAtEveryPoint(t, tree, func(s *sandbox) {
+		s.write("caf\xe9/m\xff", "modified")
+		s.rename("d\xfe", "e\xfd")
+		s.remove("gone\xfa")
+		s.write("new\xfc", "new")
+		s.chmod("caf\xe9", 0o750)
+		s.setxattr("meta\xfb", "user.\xe9t\xe9", "v")
+	})
+}
+
+// crashAtEveryPoint kills a commit of the sandbox that work makes of tree
+// at each fault point, recovers, and checks the original is all-old or
+// all-new (and, when old, commits the sandbox).
+func crashAtEveryPoint(t *testing.T, tree map[string]string, work func(*sandbox)) {
 	for _, point := range FaultPoints {
 		t.Run(point, func(t *testing.T) {
-			s := newSandbox(t, base)
+			s := newSandbox(t, tree)
 			work(s)
 			s.done()
 			old := snapshotTimes(t, s.orig)

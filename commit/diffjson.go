@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -77,9 +78,9 @@ func DiffJSON(cfg layers.Config, cs layers.ChangeSet) ([]FileDiff, error) {
 func fileDiffOf(d *diffPair) FileDiff {
 	c := d.c
 	f := FileDiff{
-		Path: c.Path, PathB64: b64IfInvalid(c.Path), Kind: string(c.Kind),
-		From: c.From, FromB64: b64IfInvalid(c.From), Type: c.Type,
-		ImpliedBy: d.impliedBy, ImpliedByB64: b64IfInvalid(d.impliedBy),
+		Path: c.Path, PathB64: fsutil.B64IfInvalid(c.Path), Kind: string(c.Kind),
+		From: c.From, FromB64: fsutil.B64IfInvalid(c.From), Type: c.Type,
+		ImpliedBy: d.impliedBy, ImpliedByB64: fsutil.B64IfInvalid(d.impliedBy),
 	}
 	oldType := c.Type
 	if d.old.exists {
@@ -87,15 +88,15 @@ func fileDiffOf(d *diffPair) FileDiff {
 		f.OldType = oldType
 		f.OldMode = fmt.Sprintf("%06o", d.old.mode)
 		f.OldSize = sideSize(&d.old)
-		f.OldTarget, f.OldTargetB64 = d.old.target, b64IfInvalid(d.old.target)
+		f.OldTarget, f.OldTargetB64 = d.old.target, fsutil.B64IfInvalid(d.old.target)
 		if d.oldPath != c.Path {
-			f.OldPath, f.OldPathB64 = d.oldPath, b64IfInvalid(d.oldPath)
+			f.OldPath, f.OldPathB64 = d.oldPath, fsutil.B64IfInvalid(d.oldPath)
 		}
 	}
 	if d.new.exists {
 		f.NewMode = fmt.Sprintf("%06o", d.new.mode)
 		f.NewSize = sideSize(&d.new)
-		f.NewTarget, f.NewTargetB64 = d.new.target, b64IfInvalid(d.new.target)
+		f.NewTarget, f.NewTargetB64 = d.new.target, fsutil.B64IfInvalid(d.new.target)
 	}
 	f.Status = statusLetter(c, oldType)
 	dc := d.content()

@@ -2,7 +2,6 @@ package commit
 
 import (
 	"bufio"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"slices"
@@ -290,13 +289,4 @@ func statusLetter(c layers.Change, oldType string) string {
 		return "M"
 	}
 	return "?"
-}
-
-// b64IfInvalid returns s base64-encoded when it is not valid UTF-8 (JSON
-// would mangle it), else "".
-func b64IfInvalid(s string) string {
-	if utf8.ValidString(s) {
-		return ""
-	}
-	return base64.StdEncoding.EncodeToString([]byte(s))
 }

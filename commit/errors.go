@@ -2,6 +2,7 @@ package commit
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -100,6 +102,36 @@ var (
 type Conflict struct {
 	Path   string `json:"path"`
 	Reason string `json:"reason"`
+}
+
+// conflictB64 is Conflict's path_b64: its exact path, when it is not
+// valid UTF-8 (fsutil.B64IfInvalid).
+type conflictB64 struct {
+	PathB64 string `json:"path_b64,omitempty"`
+}
+
+// MarshalJSON writes c with path_b64 beside a path that is not UTF-8.
+func (c Conflict) MarshalJSON() ([]byte, error) {
+	type plain Conflict
+	return json.Marshal(struct {
+		plain
+		conflictB64
+	}{plain(c), conflictB64{fsutil.B64IfInvalid(c.Path)}})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, the exact path included.
+func (c *Conflict) UnmarshalJSON(b []byte) error {
+	type plain Conflict
+	v := struct {
+		*plain
+		conflictB64
+	}{plain: (*plain)(c)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	p, err := fsutil.FromB64(c.Path, v.PathB64)
+	c.Path = p
+	return err
 }
 
 // conflict is a Conflict with the original path whose state Resolve

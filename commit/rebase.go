@@ -1,7 +1,6 @@
 package commit
 
 import (
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -22,15 +21,9 @@ const rebaseName = "rebase.json"
 // first sight of each path, replaced by what an undo restored.
 func bases(cfg layers.Config, recs []layers.Record) map[string]layers.Signature {
 	b := layers.Bases(recs)
-	data, err := os.ReadFile(filepath.Join(cfg.Work, rebaseName))
-	if err != nil {
-		return b
-	}
-	var over map[string]layers.Signature
-	if json.Unmarshal(data, &over) == nil {
-		for p, s := range over {
-			b[p] = s
-		}
+	over, _ := readRebase(cfg.Work) // unreadable: the journal's bases, which conflict more, never less
+	for p, s := range over {
+		b[p] = s
 	}
 	return b
 }

@@ -151,11 +151,14 @@ func readRebase(work string) (map[string]layers.Signature, error) {
 	if err := json.Unmarshal(data, &over); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(work, rebaseName), err)
 	}
+	if over, err = fsutil.DecodeKeys(over); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(work, rebaseName), err)
+	}
 	return over, nil
 }
 
 func writeRebase(work string, over map[string]layers.Signature) error {
-	b, err := json.Marshal(over)
+	b, err := json.Marshal(fsutil.EncodeKeys(over)) // paths byte for byte
 	if err != nil {
 		return err
 	}

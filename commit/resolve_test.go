@@ -1,6 +1,7 @@
 package commit
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -130,6 +131,35 @@ func TestResolveThenTheOriginalChangesAgain(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, []Conflict{{Path: "f", Reason: "content changed in the original"}}, ce.Conflicts)
+}
+
+// A conflict on a path that is not UTF-8 stays resolved: rebase.json keeps
+// the path byte for byte (before, JSON wrote U+FFFD and the conflict came
+// back on every commit). Its JSON form carries the exact path too.
+func TestResolveOfANameThatIsNotUTF8(t *testing.T) {
+	s := newSandbox(t, map[string]string{"caf\xe9/f\xff": "f"})
+	s.write("caf\xe9/f\xff", "sandbox")
+	s.done()
+	writeFile(t, filepath.Join(s.orig, "caf\xe9/f\xff"), "other writer")
+	cf, err := Conflicts(s.cfg)
+	require.NoError(t, err)
+	require.Len(t, cf, 1)
+	b, err := json.Marshal(cf[0])
+	require.NoError(t, err)
+	var back Conflict
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Equal(t, cf[0], back, "%s", b)
+
+	_, left, err := Resolve(s.cfg, []string{"caf\xe9/f\xff"})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+	cf, err = Conflicts(s.cfg)
+	require.NoError(t, err)
+	assert.Empty(t, cf, "resolved")
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	b, err = os.ReadFile(filepath.Join(s.orig, "caf\xe9/f\xff"))
+	require.NoError(t, err)
+	assert.Equal(t, "sandbox", string(b))
 }
 
 // TestResolveRefuses: a path that names no conflict, and a conflict that

@@ -88,6 +88,63 @@ type undoLog struct {
 	Steps    []step `json:"steps"`
 }
 
+// The undo log carries paths and attribute names byte for byte
+// (fsutil.EncodeRaw): the recovery of a commit after a crash puts back
+// exactly the names it moved.
+
+func (l undoLog) MarshalJSON() ([]byte, error) {
+	type plain undoLog
+	p := plain(l)
+	fsutil.EncodeRawFields(&p.Original, &p.Txn)
+	return json.Marshal(p)
+}
+
+func (l *undoLog) UnmarshalJSON(b []byte) error {
+	type plain undoLog
+	if err := json.Unmarshal(b, (*plain)(l)); err != nil {
+		return err
+	}
+	return fsutil.DecodeRawFields(&l.Original, &l.Txn)
+}
+
+func (s step) MarshalJSON() ([]byte, error) {
+	type plain step
+	p := plain(s)
+	fsutil.EncodeRawFields(&p.Path)
+	p.Strip = fsutil.EncodeKeys(s.Strip)
+	return json.Marshal(p)
+}
+
+func (s *step) UnmarshalJSON(b []byte) error {
+	type plain step
+	if err := json.Unmarshal(b, (*plain)(s)); err != nil {
+		return err
+	}
+	strip, err := fsutil.DecodeKeys(s.Strip)
+	s.Strip = strip
+	if err != nil {
+		return err
+	}
+	return fsutil.DecodeRawFields(&s.Path)
+}
+
+func (m meta) MarshalJSON() ([]byte, error) {
+	type plain meta
+	p := plain(m)
+	p.Xattrs = fsutil.EncodeKeys(m.Xattrs)
+	return json.Marshal(p)
+}
+
+func (m *meta) UnmarshalJSON(b []byte) error {
+	type plain meta
+	if err := json.Unmarshal(b, (*plain)(m)); err != nil {
+		return err
+	}
+	x, err := fsutil.DecodeKeys(m.Xattrs)
+	m.Xattrs = x
+	return err
+}
+
 // ErrUndoLog marks an undo log this code cannot trust.
 var ErrUndoLog = errors.New("bad undo log")
 

@@ -21,6 +21,9 @@
 //     ends one that outlived its unmount (a copy of the mount elsewhere);
 //     [UsedElsewhere] finds processes of other mount namespaces using a
 //     file system.
+//   - JSON: [EncodeRaw] carries a path or attribute name that is not UTF-8
+//     byte for byte through sbxfs's own files; [B64IfInvalid] and
+//     [FromB64] make and read the `*_b64` companions of what it prints.
 //
 // Every error is wrapped with context and keeps its errno, so callers can
 // test it with errors.Is(err, unix.ENOSPC) or errors.As into a syscall.Errno.

@@ -30,6 +30,28 @@ type Meta struct {
 	XattrNS string `json:"xattr_ns"`
 }
 
+// MarshalJSON writes the layers' paths byte for byte (fsutil.EncodeRaw):
+// a sandbox of a directory whose path is not UTF-8 is bound to it.
+func (m Meta) MarshalJSON() ([]byte, error) {
+	type plain Meta
+	p := plain(m)
+	p.Lowers = fsutil.EncodeRawSlice(m.Lowers)
+	fsutil.EncodeRawFields(&p.Upper)
+	return json.Marshal(p)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (m *Meta) UnmarshalJSON(b []byte) error {
+	type plain Meta
+	if err := json.Unmarshal(b, (*plain)(m)); err != nil {
+		return err
+	}
+	if err := fsutil.DecodeRawSlice(m.Lowers); err != nil {
+		return err
+	}
+	return fsutil.DecodeRawFields(&m.Upper)
+}
+
 // Config returns the layers configuration the record describes.
 func (m *Meta) Config(work string) Config {
 	return Config{Upper: m.Upper, Work: work, Lowers: m.Lowers, UserXattrs: m.XattrNS == "user"}

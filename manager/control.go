@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/fuse"
 )
 
@@ -43,6 +44,23 @@ type response struct {
 	Busy      []string `json:"busy,omitempty"`       // files open for writing (freeze)
 	MountBusy bool     `json:"mount_busy,omitempty"` // the mount is in use (unmount)
 	Pid       int      `json:"pid,omitempty"`
+}
+
+// MarshalJSON sends the busy files' paths byte for byte (fsutil.EncodeRaw).
+func (r response) MarshalJSON() ([]byte, error) {
+	type plain response
+	p := plain(r)
+	p.Busy = fsutil.EncodeRawSlice(r.Busy)
+	return json.Marshal(p)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *response) UnmarshalJSON(b []byte) error {
+	type plain response
+	if err := json.Unmarshal(b, (*plain)(r)); err != nil {
+		return err
+	}
+	return fsutil.DecodeRawSlice(r.Busy)
 }
 
 // ControlServer answers control requests for one mount.

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/fuse"
 )
 
@@ -75,6 +76,23 @@ type daemonRequest struct {
 	Lazy       bool   `json:"lazy,omitempty"`
 }
 
+// MarshalJSON sends the request's paths byte for byte (fsutil.EncodeRaw).
+func (r daemonRequest) MarshalJSON() ([]byte, error) {
+	type plain daemonRequest
+	p := plain(r)
+	fsutil.EncodeRawFields(&p.Original, &p.Mountpoint)
+	return json.Marshal(p)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *daemonRequest) UnmarshalJSON(b []byte) error {
+	type plain daemonRequest
+	if err := json.Unmarshal(b, (*plain)(r)); err != nil {
+		return err
+	}
+	return fsutil.DecodeRawFields(&r.Original, &r.Mountpoint)
+}
+
 type daemonResponse struct {
 	OK             bool          `json:"ok"`
 	Pid            int           `json:"pid"`
@@ -109,6 +127,43 @@ type SandboxInfo struct {
 	Upper      string    `json:"upper"`
 	Work       string    `json:"work"`
 	Error      string    `json:"error,omitempty"`
+}
+
+// sandboxInfoB64 holds the exact bytes of SandboxInfo's paths that are
+// not valid UTF-8 (fsutil.B64IfInvalid), as every JSON sbxfs prints has.
+type sandboxInfoB64 struct {
+	OriginalB64   string `json:"original_b64,omitempty"`
+	MountpointB64 string `json:"mountpoint_b64,omitempty"`
+	DirB64        string `json:"dir_b64,omitempty"`
+	UpperB64      string `json:"upper_b64,omitempty"`
+	WorkB64       string `json:"work_b64,omitempty"`
+}
+
+// MarshalJSON writes i with original_b64 (mountpoint_b64, dir_b64,
+// upper_b64, work_b64) beside a path that is not valid UTF-8.
+func (i SandboxInfo) MarshalJSON() ([]byte, error) {
+	type plain SandboxInfo
+	return json.Marshal(struct {
+		plain
+		sandboxInfoB64
+	}{plain(i), sandboxInfoB64{
+		OriginalB64: fsutil.B64IfInvalid(i.Original), MountpointB64: fsutil.B64IfInvalid(i.Mountpoint),
+		DirB64: fsutil.B64IfInvalid(i.Dir), UpperB64: fsutil.B64IfInvalid(i.Upper), WorkB64: fsutil.B64IfInvalid(i.Work),
+	}})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, the exact paths included.
+func (i *SandboxInfo) UnmarshalJSON(b []byte) error {
+	type plain SandboxInfo
+	v := struct {
+		*plain
+		sandboxInfoB64
+	}{plain: (*plain)(i)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	return fsutil.DecodeB64Fields([]*string{&i.Original, &i.Mountpoint, &i.Dir, &i.Upper, &i.Work},
+		[]string{v.OriginalB64, v.MountpointB64, v.DirB64, v.UpperB64, v.WorkB64})
 }
 
 // FailureInfo is a Failure as JSON.

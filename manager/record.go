@@ -36,6 +36,24 @@ type record struct {
 	Error      string    `json:"error,omitempty"` // why it is errored, or what its last operation left behind
 }
 
+// MarshalJSON writes the record's paths byte for byte (fsutil.EncodeRaw):
+// an original whose path is not UTF-8 is found again.
+func (r record) MarshalJSON() ([]byte, error) {
+	type plain record
+	p := plain(r)
+	fsutil.EncodeRawFields(&p.Original, &p.Mountpoint)
+	return json.Marshal(p)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *record) UnmarshalJSON(b []byte) error {
+	type plain record
+	if err := json.Unmarshal(b, (*plain)(r)); err != nil {
+		return err
+	}
+	return fsutil.DecodeRawFields(&r.Original, &r.Mountpoint)
+}
+
 // validID reports whether s has the form of a sandbox id: 16 lower-case
 // hexadecimal digits. (By hand: every sbxfs command pays for a package's
 // compiled regular expressions at start.)

@@ -1,10 +1,12 @@
 package manager
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -87,6 +89,31 @@ type Applied struct {
 	ID       string          `json:"id"`
 	Original string          `json:"original"`
 	Changes  []layers.Change `json:"changes"`
+}
+
+// MarshalJSON writes a with original_b64 beside an original whose path is
+// not valid UTF-8 (fsutil.B64IfInvalid).
+func (a Applied) MarshalJSON() ([]byte, error) {
+	type plain Applied
+	return json.Marshal(struct {
+		plain
+		OriginalB64 string `json:"original_b64,omitempty"`
+	}{plain(a), fsutil.B64IfInvalid(a.Original)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, the exact path included.
+func (a *Applied) UnmarshalJSON(b []byte) error {
+	type plain Applied
+	v := struct {
+		*plain
+		OriginalB64 string `json:"original_b64,omitempty"`
+	}{plain: (*plain)(a)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	o, err := fsutil.FromB64(a.Original, v.OriginalB64)
+	a.Original = o
+	return err
 }
 
 // PlanError is a failed plan commit: the very same value as the

@@ -7,6 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -61,6 +62,10 @@ type diffJSON struct {
 	Upper    string            `json:"upper"`
 	Work     string            `json:"work"`
 	Changes  []commit.FileDiff `json:"changes"`
+	// The exact bytes of the paths above that are not valid UTF-8.
+	OriginalB64 string `json:"original_b64,omitempty"`
+	UpperB64    string `json:"upper_b64,omitempty"`
+	WorkB64     string `json:"work_b64,omitempty"`
 }
 
 func runDiff(c *cli.Context) error {
@@ -121,7 +126,8 @@ func printDiff(c *cli.Context, cfg layers.Config, orig string, cs layers.ChangeS
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(diffJSON{Original: orig, Upper: cfg.Upper, Work: cfg.Work, Changes: files})
+		return enc.Encode(diffJSON{Original: orig, Upper: cfg.Upper, Work: cfg.Work, Changes: files,
+			OriginalB64: fsutil.B64IfInvalid(orig), UpperB64: fsutil.B64IfInvalid(cfg.Upper), WorkB64: fsutil.B64IfInvalid(cfg.Work)})
 	}
 	context := c.Int("unified")
 	if context == 0 {

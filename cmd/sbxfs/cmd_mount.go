@@ -123,7 +123,9 @@ func runMount(c *cli.Context) error {
 		spec.announce = "upper: " + dir
 	}
 	if c.Bool("json") {
-		b, err := json.Marshal(mountResult{Mountpoint: mnt, Original: orig, Sandbox: dir, Upper: upper, Work: work})
+		b, err := json.Marshal(mountResult{Mountpoint: mnt, Original: orig, Sandbox: dir, Upper: upper, Work: work,
+			MountpointB64: fsutil.B64IfInvalid(mnt), OriginalB64: fsutil.B64IfInvalid(orig), SandboxB64: fsutil.B64IfInvalid(dir),
+			UpperB64: fsutil.B64IfInvalid(upper), WorkB64: fsutil.B64IfInvalid(work)})
 		if err != nil {
 			return err
 		}
@@ -242,6 +244,12 @@ type mountResult struct {
 	Sandbox    string `json:"sandbox"` // the --upper directory
 	Upper      string `json:"upper"`
 	Work       string `json:"work"`
+	// The exact bytes of the paths above that are not valid UTF-8.
+	MountpointB64 string `json:"mountpoint_b64,omitempty"`
+	OriginalB64   string `json:"original_b64,omitempty"`
+	SandboxB64    string `json:"sandbox_b64,omitempty"`
+	UpperB64      string `json:"upper_b64,omitempty"`
+	WorkB64       string `json:"work_b64,omitempty"`
 }
 
 // sandboxDir returns the resolved sandbox directory: the one given with

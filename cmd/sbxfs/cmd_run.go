@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -70,15 +71,17 @@ stdout after CMD's output.`,
 
 // runJSON is the --json summary of sbxfs run.
 type runJSON struct {
-	ID         string    `json:"id"`
-	Mountpoint string    `json:"mountpoint"`
-	ExitCode   int       `json:"exit_code"`
-	Committed  bool      `json:"committed"`
-	Destroyed  bool      `json:"destroyed"`
-	Kept       bool      `json:"kept,omitempty"` // --keep: neither committed nor destroyed
-	Commit     *planJSON `json:"commit,omitempty"`
-	Error      string    `json:"error,omitempty"`
-	LeftBehind []int     `json:"left_behind,omitempty"` // --in-place: processes CMD left in its namespace
+	ID         string `json:"id"`
+	Mountpoint string `json:"mountpoint"`
+	// MountpointB64 is the mountpoint's exact bytes when they are not UTF-8.
+	MountpointB64 string    `json:"mountpoint_b64,omitempty"`
+	ExitCode      int       `json:"exit_code"`
+	Committed     bool      `json:"committed"`
+	Destroyed     bool      `json:"destroyed"`
+	Kept          bool      `json:"kept,omitempty"` // --keep: neither committed nor destroyed
+	Commit        *planJSON `json:"commit,omitempty"`
+	Error         string    `json:"error,omitempty"`
+	LeftBehind    []int     `json:"left_behind,omitempty"` // --in-place: processes CMD left in its namespace
 }
 
 func runRun(c *cli.Context) error {
@@ -113,7 +116,7 @@ func runRun(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	out := runJSON{ID: sb.ID, Mountpoint: sb.Mountpoint}
+	out := runJSON{ID: sb.ID, Mountpoint: sb.Mountpoint, MountpointB64: fsutil.B64IfInvalid(sb.Mountpoint)}
 	out.ExitCode, out.LeftBehind = runInSandbox(c, sb, orig, argv)
 	// A new connection: the daemon may have been restarted meanwhile.
 	err = withDaemon(c, func(d *manager.Daemon, _ string) error {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,6 +63,12 @@ type statusJSON struct {
 	Mounted    bool         `json:"mounted"`
 	Mountpoint string       `json:"mountpoint"`
 	Changes    []changeJSON `json:"changes"`
+	// The exact bytes of the paths above that are not valid UTF-8.
+	OriginalB64   string   `json:"original_b64,omitempty"`
+	LowersB64     []string `json:"lowers_b64,omitempty"` // one a layer ("" for a valid one), when any is not
+	UpperB64      string   `json:"upper_b64,omitempty"`
+	WorkB64       string   `json:"work_b64,omitempty"`
+	MountpointB64 string   `json:"mountpoint_b64,omitempty"`
 	// Conflicts are what a commit would refuse on now: paths the
 	// original changed since the sandbox read them.
 	Conflicts []commit.Conflict `json:"conflicts"`
@@ -102,6 +107,16 @@ func runStatus(c *cli.Context) error {
 	st := statusJSON{Original: m.Lowers[0], Lowers: m.Lowers, Upper: m.Upper, Work: work, Changes: []changeJSON{}}
 	if sb.mount != nil {
 		st.Mounted, st.Mountpoint = true, sb.mount.Mountpoint
+	}
+	st.OriginalB64, st.UpperB64, st.WorkB64 = fsutil.B64IfInvalid(st.Original), fsutil.B64IfInvalid(st.Upper), fsutil.B64IfInvalid(st.Work)
+	st.MountpointB64 = fsutil.B64IfInvalid(st.Mountpoint)
+	for i, l := range st.Lowers {
+		if b := fsutil.B64IfInvalid(l); b != "" {
+			if st.LowersB64 == nil {
+				st.LowersB64 = make([]string, len(st.Lowers))
+			}
+			st.LowersB64[i] = b
+		}
 	}
 	listing, err := commit.StatusListing(sb.cfg, cs)
 	if err != nil {
@@ -187,14 +202,8 @@ func findSandbox(mounts []fsutil.MountEntry, arg string) (string, error) {
 }
 
 func toChangeJSON(ch layers.Change) changeJSON {
-	j := changeJSON{Path: ch.Path, Kind: string(ch.Kind), From: ch.From, Type: ch.Type}
-	if !utf8.ValidString(ch.Path) {
-		j.PathB64 = base64.StdEncoding.EncodeToString([]byte(ch.Path))
-	}
-	if !utf8.ValidString(ch.From) {
-		j.FromB64 = base64.StdEncoding.EncodeToString([]byte(ch.From))
-	}
-	return j
+	return changeJSON{Path: ch.Path, PathB64: fsutil.B64IfInvalid(ch.Path), Kind: string(ch.Kind),
+		From: ch.From, FromB64: fsutil.B64IfInvalid(ch.From), Type: ch.Type}
 }
 
 // kindLetters gives each kind its letter in the text output, in the order

@@ -38,6 +38,23 @@ type inPlaceSpec struct {
 	View string `json:"view,omitempty"`
 }
 
+// MarshalJSON writes the spec's paths byte for byte (fsutil.EncodeRaw).
+func (s inPlaceSpec) MarshalJSON() ([]byte, error) {
+	type plain inPlaceSpec
+	p := plain(s)
+	fsutil.EncodeRawFields(&p.Mountpoint, &p.Original, &p.Dir, &p.View)
+	return json.Marshal(p)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (s *inPlaceSpec) UnmarshalJSON(b []byte) error {
+	type plain inPlaceSpec
+	if err := json.Unmarshal(b, (*plain)(s)); err != nil {
+		return err
+	}
+	return fsutil.DecodeRawFields(&s.Mountpoint, &s.Original, &s.Dir, &s.View)
+}
+
 // inPlaceCommand is the process that becomes argv with the sandbox bound
 // over its original. It has a mount namespace of its own, whose mounts it
 // makes slaves of the machine's (the bind stays there; the machine's
