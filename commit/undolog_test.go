@@ -89,3 +89,31 @@ func TestRevertMeta(t *testing.T) {
 		})
 	}
 }
+
+// The undo log keeps paths and attribute names that are not UTF-8 byte for
+// byte, wherever in the log they are, and writing it changes nothing of
+// the transaction's own log in memory.
+func TestUndoLogKeepsNamesByteForByte(t *testing.T) {
+	mk := func() *undoLog {
+		return &undoLog{ID: "x", State: statePrepared, Original: "/o/caf\xe9", Txn: "/o/txn-x", Steps: []step{
+			{Kind: opDetach, Path: "a/b", Slot: "b/1"},
+			{Kind: opInstall, Path: "a/n", Slot: "n/2", Staged: &stagedFile{Size: 1, Mtime: 2}},
+			{Kind: opInstall, Path: "d\xff/f\xfe", Slot: "n/3", Strip: map[string][]byte{"trusted.overlay.origin": {1}}},
+			{Kind: opMeta, Path: "a", Old: &meta{Mode: 0o755, Xattrs: map[string][]byte{"user.ok": {2}}},
+				New: &meta{Mode: 0o700, Xattrs: map[string][]byte{"user.\xe9t\xe9": {3}, "user.ok": {2}}}},
+			{Kind: opMkdir, Path: "z"},
+		}}
+	}
+	work := t.TempDir()
+	l := mk()
+	require.NoError(t, writeUndoLog(work, l))
+	want := mk()
+	want.Version = undoLogVersion
+	assert.Equal(t, want, l, "the log in memory is as it was")
+	got, err := readUndoLog(work)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+
+	plain := &undoLog{ID: "x", State: statePrepared, Original: "/o", Txn: "/o/txn-x", Steps: []step{{Kind: opMkdir, Path: "z"}}}
+	assert.Same(t, &plain.Steps[0], &plain.encoded().Steps[0], "a log with nothing to encode is not copied")
+}
