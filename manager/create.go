@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sbxfs/sbxfs/layers"
 )
@@ -80,8 +81,8 @@ func (m *Manager) newRecord(o CreateOptions) (*record, error) {
 	if err := checkPlan(plan); err != nil {
 		return nil, err
 	}
-	if len(o.Name) > 256 || strings.ContainsAny(o.Name, "\x00\n") {
-		return nil, fmt.Errorf("%w: the name must be one line of at most 256 bytes", ErrInvalid)
+	if len(o.Name) > 256 || strings.ContainsAny(o.Name, "\x00\n") || !utf8.ValidString(o.Name) {
+		return nil, fmt.Errorf("%w: the name must be one line of UTF-8 text, at most 256 bytes", ErrInvalid)
 	}
 	orig, err := resolveDir("original", o.Original)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,6 +235,8 @@ func TestCreateRefuses(t *testing.T) {
 		"mountpoint in use":       {Original: orig, Mountpoint: used.Mountpoint},
 		"bad plan":                {Original: orig, Plan: "a/b"},
 		"name with a newline":     {Original: orig, Name: "a\nb"},
+		"name not UTF-8":          {Original: orig, Name: "caf\xe9"}, // free text: JSON would show another
+		"name too long":           {Original: orig, Name: strings.Repeat("n", 257)},
 		"mountpoint in a sandbox": {Original: full, Mountpoint: filepath.Join(orig, "d")},
 	}
 	for name, o := range cases {
