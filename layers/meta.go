@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sbxfs/sbxfs/fsutil"
@@ -113,6 +114,42 @@ func Bind(cfg *Config) error {
 			ErrMetaMismatch, cfg.Work, m.Lowers, m.Upper, cfg.Lowers, cfg.Upper)
 	}
 	return nil
+}
+
+// ErrStillThere refuses to rebind a sandbox to a new place of its
+// original while the recorded place still holds a directory.
+var ErrStillThere = errors.New("the recorded original is still there")
+
+// Rebind records cfg's lower layers for a sandbox whose recorded layers
+// were moved: every recorded layer that cfg names otherwise must be gone
+// from its recorded place (else ErrStillThere: that is another original,
+// not a moved one). The upper and the number of layers must match. The
+// changes keep their bases: a commit checks each path it changes against
+// the original at its new place (moved with mv(1), they match; a copy
+// conflicts on every path the sandbox changed). A sandbox with nothing to
+// rebind is left as it is.
+func Rebind(cfg *Config) error {
+	m, err := ReadMeta(cfg.Work)
+	if err != nil {
+		return err
+	}
+	if m.Upper != cfg.Upper || len(m.Lowers) != len(cfg.Lowers) {
+		return fmt.Errorf("%w: %s was made for lower layers %q and upper %q, not %q and %q; a moved original keeps its upper and its number of layers",
+			ErrMetaMismatch, cfg.Work, m.Lowers, m.Upper, cfg.Lowers, cfg.Upper)
+	}
+	for i, l := range m.Lowers {
+		if l == cfg.Lowers[i] {
+			continue
+		}
+		if _, err := os.Lstat(l); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: %s (the sandbox's layer %d) was not moved to %s", ErrStillThere, l, i+1, cfg.Lowers[i])
+		}
+	}
+	if sameStrings(m.Lowers, cfg.Lowers) {
+		return nil
+	}
+	m.Lowers = slices.Clone(cfg.Lowers)
+	return WriteMeta(cfg.Work, m)
 }
 
 func sameStrings(a, b []string) bool {

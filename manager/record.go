@@ -17,6 +17,13 @@ const recordVersion = 1
 // recordName is the record's name in the sandbox directory.
 const recordName = "record.json"
 
+// IsManagedDir reports whether dir is the directory of a managed sandbox
+// (it holds a sandbox record), which only its daemon may change.
+func IsManagedDir(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, recordName))
+	return err == nil
+}
+
 // ErrDamagedRecord marks a sandbox record this code cannot trust.
 var ErrDamagedRecord = errors.New("damaged sandbox record")
 

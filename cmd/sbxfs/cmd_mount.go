@@ -27,7 +27,10 @@ Reads come from ORIGINAL; every change lands in the sandbox directory DIR
 is never written. Without --upper, DIR is a new directory under the state
 root and its path is printed ("upper: DIR"). Giving the same --upper again
 remounts the same changes; a mount of that sandbox whose server was killed
-(stale) is detached first.
+(stale) is detached first. A sandbox is bound to its original: if that
+was moved, --moved --upper DIR NEWPLACE MOUNTPOINT records its new place
+(only once nothing is left at the old one; each change is still checked
+against the original at commit, so a copy conflicts where a move does not).
 
 The command returns once the mount is live; the mount is served by a
 background process logging to DIR/work/server.log. Options go before
@@ -40,9 +43,9 @@ restarting the daemon. The sandbox must be active (else exit 10) and not
 mounted (else exit 4, "already mounted"); a sandbox nested in another
 one mounts once that one is mounted (else exit 4: mount the parent
 first). It prints ID<TAB>MOUNTPOINT, or the sandbox record with --json
-(as 'sbxfs create --json'). --upper, --foreground, --allow-other,
---debug, --no-passthrough and --no-io-uring are for the standalone form
-only.`,
+(as 'sbxfs create --json'). --upper, --moved, --foreground,
+--allow-other, --debug, --no-passthrough and --no-io-uring are for the
+standalone form only.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "upper", Usage: "sandbox directory `DIR` holding upper/ and work/ (created, or reused when it exists)"},
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process until unmounted or interrupted"},
@@ -50,6 +53,7 @@ only.`,
 			&cli.BoolFlag{Name: "debug", Usage: "log every FUSE request"},
 			&cli.BoolFlag{Name: "no-passthrough", Usage: "do not use FUSE passthrough for upper files"},
 			&cli.BoolFlag{Name: "no-io-uring", Usage: "take the kernel's requests from /dev/fuse even where the kernel offers io_uring (fuse module parameter enable_uring)"},
+			&cli.BoolFlag{Name: "moved", Usage: "the sandbox's original was moved to ORIGINAL: record its new place (with --upper; the old place must be gone)"},
 			&cli.BoolFlag{Name: "json", Usage: "once the mount is live, print {mountpoint, original, sandbox, upper, work} as JSON (managed: the sandbox record)"},
 		},
 		OnUsageError: onUsageError,
@@ -107,6 +111,11 @@ func runMount(c *cli.Context) error {
 		return err
 	}
 	cfg := layers.Config{Upper: upper, Work: work, Lowers: []string{orig}}
+	if c.Bool("moved") {
+		if err := rebindLayers(&cfg, generated); err != nil {
+			return err
+		}
+	}
 	if err := bindLayers(&cfg); err != nil {
 		return err
 	}
@@ -143,7 +152,7 @@ func runMount(c *cli.Context) error {
 }
 
 // standaloneMountFlags are the mount flags of the two-argument form only.
-var standaloneMountFlags = []string{"upper", "foreground", "allow-other", "debug", "no-passthrough", "no-io-uring"}
+var standaloneMountFlags = []string{"upper", "moved", "foreground", "allow-other", "debug", "no-passthrough", "no-io-uring"}
 
 // runMountManaged is 'sbxfs mount ID|MOUNTPOINT': the daemon of the
 // sandbox's state root mounts that active, unmounted sandbox again at its

@@ -56,6 +56,9 @@ func (sb *sandbox) needOriginal() error {
 	fi, err := os.Stat(orig)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		if dir := filepath.Dir(sb.work); !manager.IsManagedDir(dir) {
+			return failf(exitBadPath, "the original %s of this sandbox is missing (moved or removed?): put it back there and retry, or record its new place with 'sbxfs mount --moved --upper %s NEWPLACE MOUNTPOINT'; the sandbox keeps its changes", orig, dir)
+		}
 		return failf(exitBadPath, "the original %s of this sandbox is missing (moved or removed?): put it back there and retry; the sandbox keeps its changes", orig)
 	case err != nil:
 		return failf(exitBadPath, "the original of this sandbox: %v", err)

@@ -37,10 +37,46 @@ func bindLayers(cfg *layers.Config) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, layers.ErrMetaMismatch) && recordedOriginalGone(cfg.Work):
+		return failf(exitBadPath, "%v; if the original was moved to %s, mount with --moved to record its new place", err, cfg.Lowers[0])
 	case errors.Is(err, layers.ErrMetaMismatch), errors.Is(err, layers.ErrMetaVersion):
 		return &exitError{code: exitBadPath, err: err}
 	}
 	return fmt.Errorf("record the sandbox layers: %w", err)
+}
+
+// recordedOriginalGone reports whether the original recorded in work is
+// no longer where it was.
+func recordedOriginalGone(work string) bool {
+	m, err := layers.ReadMeta(work)
+	if err != nil {
+		return false
+	}
+	_, err = os.Lstat(m.Lowers[0])
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// rebindLayers records ORIGINAL as the new place of a sandbox's moved
+// original (mount --moved).
+func rebindLayers(cfg *layers.Config, generated bool) error {
+	if generated {
+		return failf(exitUsage, "--moved names the sandbox with --upper DIR: the sandbox whose original was moved")
+	}
+	if manager.IsManagedDir(filepath.Dir(cfg.Work)) {
+		return failf(exitBadPath, "--moved: %s is a managed sandbox, whose original's new place cannot be recorded; move the original back", filepath.Dir(cfg.Work))
+	}
+	err := layers.Rebind(cfg)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, os.ErrNotExist):
+		return failf(exitNotSbxfs, "--moved: %s holds no sandbox record; give the --upper DIR of an existing sandbox", filepath.Dir(cfg.Work))
+	case errors.Is(err, layers.ErrStillThere):
+		return failf(exitBadPath, "--moved: %v; that is another original: mount the sandbox over its own", err)
+	case errors.Is(err, layers.ErrMetaMismatch), errors.Is(err, layers.ErrMetaVersion):
+		return &exitError{code: exitBadPath, err: err}
+	}
+	return fmt.Errorf("record the new place of the original: %w", err)
 }
 
 // mountFailure gives the error of fuse.Mount its exit code and a hint.
