@@ -9,6 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbxfs/sbxfs/fsutil"
 )
 
@@ -141,7 +143,7 @@ func Rebind(cfg *Config) error {
 		if l == cfg.Lowers[i] {
 			continue
 		}
-		if _, err := os.Lstat(l); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(l); !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
 			return fmt.Errorf("%w: %s (the sandbox's layer %d) was not moved to %s", ErrStillThere, l, i+1, cfg.Lowers[i])
 		}
 	}

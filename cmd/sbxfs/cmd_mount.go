@@ -72,6 +72,9 @@ func runMount(c *cli.Context) error {
 	if err := checkArgs(c, args, 2, mountUsage); err != nil {
 		return err
 	}
+	if c.Bool("moved") && c.String("upper") == "" {
+		return failf(exitUsage, "--moved names the sandbox with --upper DIR: the sandbox whose original was moved")
+	}
 	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
 		return err
@@ -104,6 +107,9 @@ func runMount(c *cli.Context) error {
 	if err := checkSandboxFree(mounts, work); err != nil {
 		return err
 	}
+	if _, err := os.Lstat(dir); c.Bool("moved") && err != nil {
+		return failf(exitNotSbxfs, "--moved: no sandbox at %s (%v); give the --upper DIR of the sandbox whose original was moved", dir, err)
+	}
 	if err := makeSandbox(dir); err != nil {
 		return err
 	}
@@ -112,7 +118,7 @@ func runMount(c *cli.Context) error {
 	}
 	cfg := layers.Config{Upper: upper, Work: work, Lowers: []string{orig}}
 	if c.Bool("moved") {
-		if err := rebindLayers(&cfg, generated); err != nil {
+		if err := rebindLayers(&cfg); err != nil {
 			return err
 		}
 	}

@@ -58,10 +58,7 @@ func recordedOriginalGone(work string) bool {
 
 // rebindLayers records ORIGINAL as the new place of a sandbox's moved
 // original (mount --moved).
-func rebindLayers(cfg *layers.Config, generated bool) error {
-	if generated {
-		return failf(exitUsage, "--moved names the sandbox with --upper DIR: the sandbox whose original was moved")
-	}
+func rebindLayers(cfg *layers.Config) error {
 	if manager.IsManagedDir(filepath.Dir(cfg.Work)) {
 		return failf(exitBadPath, "--moved: %s is a managed sandbox, whose original's new place cannot be recorded; move the original back", filepath.Dir(cfg.Work))
 	}
