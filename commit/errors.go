@@ -129,9 +129,7 @@ func (c *Conflict) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	p, err := fsutil.FromB64(c.Path, v.PathB64)
-	c.Path = p
-	return err
+	return fsutil.DecodeB64Fields([]*string{&c.Path}, []string{v.PathB64})
 }
 
 // conflict is a Conflict with the original path whose state Resolve

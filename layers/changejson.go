@@ -39,15 +39,6 @@ func (c *Change) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	for _, f := range []struct {
-		s   *string
-		b64 string
-	}{{&c.Path, v.PathB64}, {&c.From, v.FromB64}, {&c.Original, v.OriginalB64}, {&c.Replaced, v.ReplacedB64}} {
-		s, err := fsutil.FromB64(*f.s, f.b64)
-		if err != nil {
-			return err
-		}
-		*f.s = s
-	}
-	return nil
+	return fsutil.DecodeB64Fields([]*string{&c.Path, &c.From, &c.Original, &c.Replaced},
+		[]string{v.PathB64, v.FromB64, v.OriginalB64, v.ReplacedB64})
 }

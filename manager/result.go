@@ -111,9 +111,7 @@ func (a *Applied) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	o, err := fsutil.FromB64(a.Original, v.OriginalB64)
-	a.Original = o
-	return err
+	return fsutil.DecodeB64Fields([]*string{&a.Original}, []string{v.OriginalB64})
 }
 
 // PlanError is a failed plan commit: the very same value as the
