@@ -752,3 +752,24 @@ func TestSymlinkSwappedInDuringTheApply(t *testing.T) {
 	assert.Equal(t, "sandbox a", readFile(t, filepath.Join(s.orig, "a")))
 	assert.Equal(t, "sandbox f", readFile(t, filepath.Join(s.orig, "d", "f")))
 }
+
+// A sandbox that replaced an original file by a directory commits again
+// after its commit was undone. The undo records the file it put back
+// (rebase.json), and withMissingDirs took the directory of the new
+// entries for one the original had lost: it added its creation a second
+// time, and every retry failed with "file exists", the sandbox stuck.
+func TestRetryOfAFileReplacedByADirectoryAfterAnUndo(t *testing.T) {
+	s := newSandbox(t, map[string]string{"other": "o", "zz/f": "f"})
+	s.remove("other")
+	s.mkdir("other")
+	s.write("other/x", "x")
+	s.write("zz/g", "g")
+	s.done()
+	old := snapshotTimes(t, s.orig)
+	unlock := immutable.Set(t, filepath.Join(s.orig, "zz"))
+	require.Error(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, old, snapshotTimes(t, s.orig))
+	unlock()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}

@@ -39,7 +39,9 @@ func withMissingDirs(orig *tree, cs layers.ChangeSet, force bool, resolved map[s
 	}
 	made := map[string]bool{"": true} // directories the change set makes or moves in
 	for _, c := range cs.Changes {
-		if c.Type == "dir" && (c.Kind == layers.Created || c.Kind == layers.Renamed) {
+		// A modified directory is one that replaced a non-directory of
+		// the original (the plan makes it too).
+		if c.Type == "dir" && (c.Kind == layers.Created || c.Kind == layers.Renamed || c.Kind == layers.Modified) {
 			made[c.Path] = true
 		}
 	}
