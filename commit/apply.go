@@ -54,6 +54,9 @@ func (x *Txn) Apply() (err error) {
 
 func (x *Txn) apply(i int) error {
 	s := &x.log.Steps[i]
+	if s.In != "" {
+		return nil // moved in with the new directory it is staged in
+	}
 	switch s.Kind {
 	case opDetach:
 		ok, before, err := x.orig.exists(s.Path)
@@ -116,6 +119,9 @@ func (x *Txn) apply(i int) error {
 		if s.Slot == "" { // an undo log of an older sbxfs
 			return x.orig.mkdir(s.Path, s.Mode)
 		}
+		if err := x.stripWithin(i); err != nil {
+			return err
+		}
 		return move(x.txn, s.Slot, x.orig, s.Path)
 	case opMeta:
 		if h, ok := x.held[metaKey(s.Path)]; ok && h.there {
@@ -141,6 +147,21 @@ func (x *Txn) apply(i int) error {
 		return x.own.note(x.orig, s.Path)
 	}
 	return fmt.Errorf("unknown step %q", s.Kind)
+}
+
+// stripWithin removes the overlay attributes of the objects staged inside
+// the new directory of step i (the steps right after it, parents first),
+// before its rename brings them in.
+func (x *Txn) stripWithin(i int) error {
+	steps := x.log.Steps
+	for j := i + 1; j < len(steps) && under(steps[j].Path, steps[i].Path); j++ {
+		if s := &steps[j]; s.In != "" && s.Kind == opInstall && len(s.Strip) > 0 {
+			if err := stripAttrs(x.txn, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // replacedAbove reports whether an earlier step of this transaction

@@ -100,3 +100,76 @@ func benchSandbox(b *testing.B, orig string, dirs, k, round int) layers.Config {
 	unix.Sync() // the sandbox's writes are not the commit's to flush
 	return cfg
 }
+
+// BenchmarkCommitNewTree commits a tree the sandbox made (the shape of
+// an `npm install`): k new files in directories of 100, under one new
+// directory of an original of 1,000 files. Run:
+//
+//	go test ./commit -run XXX -bench CommitNewTree -benchtime 3x
+func BenchmarkCommitNewTree(b *testing.B) {
+	orig := benchTree(b, 1000)
+	unix.Sync()
+	for _, k := range []int{1000, 10000, 100000} {
+		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				cfg := benchNewTree(b, orig, k, i)
+				b.StartTimer()
+				x, err := Prepare(cfg, Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := Commit(x); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				os.RemoveAll(filepath.Dir(cfg.Upper))
+				os.RemoveAll(filepath.Join(orig, fmt.Sprintf("new%d", i)))
+				unix.Sync()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// benchNewTree makes new<round>/dNNNN/fNN: k new files through the
+// layers API.
+func benchNewTree(b *testing.B, orig string, k, round int) layers.Config {
+	b.Helper()
+	dir, err := os.MkdirTemp(filepath.Dir(orig), "sb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{orig}}
+	os.Mkdir(cfg.Upper, 0o700)
+	os.Mkdir(cfg.Work, 0o700)
+	l, err := layers.Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	root, _ := l.Root()
+	top := fmt.Sprintf("new%d", round)
+	te, err := l.Mkdir("", root.Obj, top, 0o755, layers.Caller{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var de layers.Entry
+	var d string
+	for j := 0; j < k; j++ {
+		if j%100 == 0 {
+			d = fmt.Sprintf("d%04d", j/100)
+			if de, err = l.Mkdir(top, te.Obj, d, 0o755, layers.Caller{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		fd, _, err := l.Create(top+"/"+d, de.Obj, fmt.Sprintf("f%02d", j%100), 0o644, layers.Caller{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		unix.Write(fd, []byte("new\n"))
+		unix.Close(fd)
+	}
+	unix.Sync()
+	return cfg
+}

@@ -38,6 +38,13 @@ type sandbox struct {
 func newSandbox(t *testing.T, files map[string]string) *sandbox {
 	t.Helper()
 	dir := t.TempDir()
+	return newSandboxIn(t, dir, dir, files)
+}
+
+// newSandboxIn is newSandbox with the original (and its reference copy)
+// in dir and the sandbox's upper and work directories in box.
+func newSandboxIn(t *testing.T, dir, box string, files map[string]string) *sandbox {
+	t.Helper()
 	s := &sandbox{t: t, orig: filepath.Join(dir, "orig"), ref: filepath.Join(dir, "ref")}
 	for _, root := range []string{s.orig, s.ref} {
 		for p, v := range files {
@@ -54,7 +61,7 @@ func newSandbox(t *testing.T, files map[string]string) *sandbox {
 			require.NoError(t, os.WriteFile(full, []byte(v), 0o644))
 		}
 	}
-	s.cfg = layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{s.orig}}
+	s.cfg = layers.Config{Upper: filepath.Join(box, "upper"), Work: filepath.Join(box, "work"), Lowers: []string{s.orig}}
 	require.NoError(t, os.Mkdir(s.cfg.Upper, 0o700))
 	require.NoError(t, os.Mkdir(s.cfg.Work, 0o700))
 	s.open()

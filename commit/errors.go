@@ -185,6 +185,11 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases, saw map
 			c.Path = p
 		}
 		base, seen := bases[p]
+		if !seen && inNewDir(newDirs, c.Path) {
+			// Nothing to compare, and whatever the original has there
+			// goes with its directory (see the cases below).
+			return
+		}
 		there, st, err := orig.inTree(p)
 		switch {
 		case err != nil:
@@ -429,12 +434,17 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases, saw map[stri
 			}
 		}
 	}
+	absent := map[string]bool{} // original paths with nothing there: nor beneath
 	for _, c := range cs.Changes {
 		p, ok := takesAway(r, c)
-		if !ok || movedAway[p] {
+		if !ok || movedAway[p] || beneathAbsent(absent, p) {
 			continue // nothing replaced, or the original's directory there moves elsewhere, whole
 		}
 		names, err := orig.names(p)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			// (Changes come parents first: a new tree costs one look.)
+			absent[p] = true
+		}
 		if errors.Is(err, unix.ELOOP) && c.Type == "dir" && c.Kind != layers.Renamed {
 			// A symlink at p or on the way. One the sandbox replaces is
 			// expected; any other, where the change set saw a directory,
@@ -461,6 +471,16 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases, saw map[stri
 		walk(p, shown, names)
 	}
 	return out
+}
+
+// beneathAbsent reports whether a directory above p is in absent.
+func beneathAbsent(absent map[string]bool, p string) bool {
+	for i := strings.LastIndexByte(p, '/'); i > 0 && len(absent) > 0; i = strings.LastIndexByte(p[:i], '/') {
+		if absent[p[:i]] {
+			return true
+		}
+	}
+	return false
 }
 
 // takesAway returns the original path whose object the change c replaces

@@ -3,6 +3,7 @@ package commit
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -10,13 +11,15 @@ import (
 	"github.com/sbxfs/sbxfs/fsutil"
 )
 
-// stageObject puts the upper object at upper into txn at slot: a hard link
+// stageObject puts the upper object at upper (whose lstat is ust) into txn
+// at slot, and returns the staged object's lstat: a hard link
 // when they share a filesystem (O(1), no data copied), else a copy with
 // its metadata. The overlay attributes must not reach the original: they
 // are returned, to be removed just before the object moves in (and put
 // back by an undo: a linked object shares its inode with the upper).
-func stageObject(upper string, txn *tree, slot string, sameFS bool) (uint64, map[string][]byte, error) {
+func stageObject(upper string, ust *unix.Stat_t, txn *tree, slot string, sameFS bool) (unix.Stat_t, map[string][]byte, error) {
 	dst := filepath.Join(txn.root, slot)
+	var st unix.Stat_t
 	var err error
 	if sameFS {
 		err = unix.Linkat(unix.AT_FDCWD, upper, unix.AT_FDCWD, dst, 0)
@@ -24,17 +27,17 @@ func stageObject(upper string, txn *tree, slot string, sameFS bool) (uint64, map
 		err = copyObject(upper, dst)
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("stage %s: %w", upper, err)
+		return st, nil, fmt.Errorf("stage %s: %w", upper, err)
 	}
 	strip, err := overlayAttrs(dst)
 	if err != nil {
-		return 0, strip, fmt.Errorf("stage %s: %w", upper, err)
+		return st, strip, fmt.Errorf("stage %s: %w", upper, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dst, &st); err != nil {
-		return 0, strip, err
+	if sameFS {
+		return *ust, strip, nil // the upper's own inode: its ctime and link count aside, as it was
 	}
-	return st.Ino, strip, nil
+	err = unix.Lstat(dst, &st)
+	return st, strip, err
 }
 
 func overlayAttrs(path string) (map[string][]byte, error) {
@@ -64,7 +67,7 @@ func overlayAttrs(path string) (map[string][]byte, error) {
 
 // stripAttrs removes the overlay attributes of a staged object.
 func stripAttrs(txn *tree, s *step) error {
-	p := filepath.Join(txn.root, s.Slot)
+	p := filepath.Join(txn.root, s.staged())
 	for n := range s.Strip {
 		if err := unix.Lremovexattr(p, n); err != nil && !errors.Is(err, unix.ENODATA) {
 			return err
@@ -83,7 +86,11 @@ func restoreStripped(txn *tree, steps []step) {
 		if s.Kind != opInstall || len(s.Strip) == 0 {
 			continue
 		}
+		// Moved back by an undo, or never moved: where it was staged.
 		p := filepath.Join(txn.root, s.Slot)
+		if _, err := os.Lstat(p); err != nil && s.In != "" {
+			p = filepath.Join(txn.root, s.In)
+		}
 		for n, v := range s.Strip {
 			_ = unix.Lsetxattr(p, n, v, 0)
 		}

@@ -323,8 +323,8 @@ func onOneMount(orig *tree, steps []step) error {
 	}
 	seen := map[string]uint64{}
 	for _, s := range steps {
-		if s.Kind == opMeta {
-			continue
+		if s.Kind == opMeta || s.In != "" {
+			continue // a staged directory above takes it along
 		}
 		var id uint64
 		if s.Kind == opDetach {
@@ -365,21 +365,21 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, 
 		}
 		key := [2]uint64{st.Dev, st.Ino}
 		if first, ok := staged[key]; ok && !sameFS {
-			if err := unix.Linkat(x.txn.fd, first.Slot, x.txn.fd, s.Slot, 0); err != nil {
+			if err := unix.Linkat(x.txn.fd, first.staged(), x.txn.fd, s.staged(), 0); err != nil {
 				return fmt.Errorf("stage %s: %w", upper, err)
 			}
 			s.Ino, s.Strip, s.Staged = first.Ino, first.Strip, first.Staged
 			return nil
 		}
-		ino, strip, err := stageObject(upper, x.txn, s.Slot, sameFS)
-		s.Ino, s.Strip = ino, strip
+		ss, strip, err := stageObject(upper, &st, x.txn, s.staged(), sameFS)
+		s.Ino, s.Strip = ss.Ino, strip
 		if st.Nlink > 1 {
 			staged[key] = s
 		}
 		if err != nil {
 			return err
 		}
-		if ss, err := x.txn.lstat(s.Slot); err == nil && ss.Mode&unix.S_IFMT == unix.S_IFREG {
+		if ss.Mode&unix.S_IFMT == unix.S_IFREG {
 			s.Staged = &stagedFile{Size: ss.Size, Mtime: unix.TimespecToNsec(ss.Mtim)}
 		}
 		return nil
@@ -392,10 +392,10 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, 
 			return err
 		}
 		s.Mode = st.Mode & 0o7777
-		if err := x.txn.mkdir(s.Slot, 0o700); err != nil {
+		if err := x.txn.mkdir(s.staged(), 0o700); err != nil {
 			return fmt.Errorf("stage directory %s: %w", s.Path, err)
 		}
-		ds, err := x.txn.lstat(s.Slot)
+		ds, err := x.txn.lstat(s.staged())
 		if err != nil {
 			return err
 		}

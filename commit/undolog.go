@@ -50,6 +50,10 @@ type step struct {
 	Strip map[string][]byte `json:"strip,omitempty"`
 	Old   *meta             `json:"old,omitempty"` // metadata before (meta)
 	New   *meta             `json:"new,omitempty"` // metadata after (meta)
+	// In is where an object beneath a wholly new directory is staged:
+	// inside that directory's slot, which the apply moves in with it
+	// (the step itself is skipped). Slot is where an undo puts it back.
+	In string `json:"in,omitempty"`
 	// Staged is the size and mtime of a staged file (install): an undo
 	// leaves in place an installed file that no longer has them, written
 	// to by another process during the commit. Absent in older logs.
@@ -141,13 +145,13 @@ func (s *step) needsRaw() bool {
 		}
 		return false
 	}
-	return raw(s.Path) || keys(s.Strip) || s.Old != nil && keys(s.Old.Xattrs) || s.New != nil && keys(s.New.Xattrs)
+	return raw(s.Path) || raw(s.In) || keys(s.Strip) || s.Old != nil && keys(s.Old.Xattrs) || s.New != nil && keys(s.New.Xattrs)
 }
 
 // encode puts s's names in the raw form; its maps and metadata are
 // replaced, not changed, as the step it was copied from shares them.
 func (s *step) encode() {
-	fsutil.EncodeRawFields(&s.Path)
+	fsutil.EncodeRawFields(&s.Path, &s.In)
 	s.Strip = fsutil.EncodeKeys(s.Strip)
 	for _, m := range []**meta{&s.Old, &s.New} {
 		if *m != nil {
@@ -171,7 +175,16 @@ func (s *step) decode() error {
 			}
 		}
 	}
-	return fsutil.DecodeRawFields(&s.Path)
+	return fsutil.DecodeRawFields(&s.Path, &s.In)
+}
+
+// staged is where the step's new object waits in the transaction
+// directory until the apply.
+func (s *step) staged() string {
+	if s.In != "" {
+		return s.In
+	}
+	return s.Slot
 }
 
 // ErrUndoLog marks an undo log this code cannot trust.
@@ -227,10 +240,13 @@ func decodeUndoLog(b []byte) (*undoLog, error) {
 		if err != nil || (p == "" && s.Kind != opMeta) || p != s.Path {
 			return nil, fmt.Errorf("%w: step %d: path %q", ErrUndoLog, i, s.Path)
 		}
-		if s.Slot != "" {
-			if q, err := fsutil.CleanRel(s.Slot); err != nil || q != s.Slot {
-				return nil, fmt.Errorf("%w: step %d: slot %q", ErrUndoLog, i, s.Slot)
+		for _, slot := range []string{s.Slot, s.In} {
+			if q, err := fsutil.CleanRel(slot); slot != "" && (err != nil || q != slot) {
+				return nil, fmt.Errorf("%w: step %d: slot %q", ErrUndoLog, i, slot)
 			}
+		}
+		if s.In != "" && s.Kind != opInstall && s.Kind != opMkdir {
+			return nil, fmt.Errorf("%w: step %d: %s staged in a directory", ErrUndoLog, i, s.Kind)
 		}
 		if (s.Kind == opMeta) != (s.New != nil) {
 			return nil, fmt.Errorf("%w: step %d: metadata", ErrUndoLog, i)
