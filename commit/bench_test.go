@@ -67,17 +67,7 @@ func benchTree(b *testing.B, n int) string {
 // API (as the mount does) and returns the sandbox's config.
 func benchSandbox(b *testing.B, orig string, dirs, k, round int) layers.Config {
 	b.Helper()
-	dir, err := os.MkdirTemp(filepath.Dir(orig), "sb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{orig}}
-	os.Mkdir(cfg.Upper, 0o700)
-	os.Mkdir(cfg.Work, 0o700)
-	l, err := layers.Open(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg, l := benchOpen(b, orig)
 	defer l.Close()
 	root, _ := l.Root()
 	for j := 0; j < k; j++ {
@@ -136,17 +126,7 @@ func BenchmarkCommitNewTree(b *testing.B) {
 // layers API.
 func benchNewTree(b *testing.B, orig string, k, round int) layers.Config {
 	b.Helper()
-	dir, err := os.MkdirTemp(filepath.Dir(orig), "sb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{orig}}
-	os.Mkdir(cfg.Upper, 0o700)
-	os.Mkdir(cfg.Work, 0o700)
-	l, err := layers.Open(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg, l := benchOpen(b, orig)
 	defer l.Close()
 	root, _ := l.Root()
 	top := fmt.Sprintf("new%d", round)
@@ -172,4 +152,21 @@ func benchNewTree(b *testing.B, orig string, k, round int) layers.Config {
 	}
 	unix.Sync()
 	return cfg
+}
+
+// benchOpen makes an empty sandbox of orig beside it and opens its layers.
+func benchOpen(b *testing.B, orig string) (layers.Config, *layers.Layers) {
+	b.Helper()
+	dir, err := os.MkdirTemp(filepath.Dir(orig), "sb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{orig}}
+	os.Mkdir(cfg.Upper, 0o700)
+	os.Mkdir(cfg.Work, 0o700)
+	l, err := layers.Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cfg, l
 }
