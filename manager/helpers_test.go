@@ -225,6 +225,9 @@ func (fx *fixture) change(t testing.TB, i int) {
 		e.remove("gone")
 		e.write("sub/n", "n")
 		e.mkdir("dir")
+		e.mkdir("tree") // a new tree: in with one rename
+		e.mkdir("tree/d")
+		e.write("tree/d/x", "x")
 	})
 }
 
@@ -236,6 +239,7 @@ func (fx *fixture) want(i int) map[string]string {
 	}
 	delete(w, "gone")
 	w["f"], w["new"], w["sub/n"], w["dir"] = fmt.Sprint("new ", i), "created", "n", "dir"
+	w["tree"], w["tree/d"], w["tree/d/x"] = "dir", "dir", "x"
 	return w
 }
 
