@@ -418,3 +418,44 @@ func TestNewObjectInANewDirectoryExchangedWithAnOriginalOne(t *testing.T) {
 	s.link("a/b", "x")
 	s.commitMatchesRef()
 }
+
+// A link whose other name was removed, then moved over that name (`ln a b;
+// rm a; mv b a`): a is one file, not a link of itself. The journal's link
+// record followed the rename to "a linked to a": status said `L a -> a`,
+// and where the name then held a directory (a made again there after the
+// file was removed) the commit staged the directory as a hard link and
+// failed with EPERM (seed 946070738 of the differential commit test).
+func TestCommitLinkMovedOverItsRemovedOtherName(t *testing.T) {
+	t.Run("new file", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"keep": "k"})
+		s.write("a", "x")
+		s.link("a", "b")
+		s.remove("a")
+		s.rename("b", "a")
+		s.done()
+		cs, err := layers.Changes(s.cfg)
+		require.NoError(t, err)
+		assert.Equal(t, []layers.Change{{Path: "a", Kind: layers.Created, Type: "file"}}, cs.Changes)
+		s.open()
+		s.commitMatchesRef()
+	})
+	t.Run("original file", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"a": "a", "keep": "k"})
+		s.link("a", "b")
+		s.remove("a")
+		s.rename("b", "a")
+		s.commitMatchesRef()
+	})
+	t.Run("a directory made where the name was", func(t *testing.T) {
+		s := newSandbox(t, map[string]string{"keep": "k"})
+		s.write("a", "x")
+		s.mkdir("d")
+		s.link("a", "d/b")
+		s.remove("a")
+		s.rename("d/b", "a")
+		s.remove("a")
+		s.mkdir("a")
+		s.write("a/f", "in a new directory")
+		s.commitMatchesRef()
+	})
+}

@@ -192,12 +192,21 @@ func (t *touched) move(old, new string) {
 			delete(t.from, p)
 			t.from[np] = v
 		}
+		// A link moved over its own other name (gone since: a rename
+		// between two names of one inode never reaches the filesystem)
+		// is no link any more: one name is left.
 		if v, ok := t.link[p]; ok {
 			delete(t.linkRev[v], p)
 			delete(t.link, p)
-			t.setLink(np, v)
+			if v != np {
+				t.setLink(np, v)
+			}
 		}
 		for k := range t.linkRev[p] {
+			if k == np {
+				delete(t.link, k)
+				continue
+			}
 			t.setLink(k, np)
 		}
 		delete(t.linkRev, p)
@@ -587,7 +596,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	if !inLo {
 		c.Kind = Created
-		if to, ok := t.link[p]; ok && l.sameUpperObject(p, to) {
+		if to, ok := t.link[p]; ok && to != p && l.sameUpperObject(p, to) {
 			c.Kind, c.From = Linked, to
 		}
 		return c, true, nil

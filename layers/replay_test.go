@@ -75,6 +75,9 @@ func (t naiveTouched) move(old, new string) {
 		if nv, ok := underPrefix(v, old, new); ok {
 			t.link[k] = nv
 		}
+		if t.link[k] == k {
+			delete(t.link, k) // moved over its other name: one name is left
+		}
 	}
 	for _, m := range []map[string]bool{t.paths, t.times, t.made} {
 		for k, v := range m {
