@@ -873,3 +873,31 @@ func TestRemovalBeneathARemadeDirectory(t *testing.T) {
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig), "the sandbox's tree, once resolved")
 }
+
+// An entry the original made (or moved) beneath a directory the sandbox
+// moved and then removed whole (mv h n; rm -r n) is a conflict, at any
+// depth: the commit removes h with what it holds. Each removal is named
+// by the path it was removed at (n/i, with Original h/i), and the check
+// walked the original directory at that path, where the original has
+// nothing: the entries beneath h/i went unnamed and were dropped with
+// the backups (seed 164165272 of the concurrent commit test; its other
+// writer moved h/i/j to h/i/j-other).
+func TestEntryMadeBeneathAMovedThenRemovedDirectory(t *testing.T) {
+	s := newSandbox(t, map[string]string{"h/i/j/f": "1", "h/i/j/g": "2", "h/y": "3", "empty/": "", "keep": "k"})
+	s.rename("h", "empty/n")
+	s.write("empty/n/i/j/f", "written before the removal")
+	s.rmrf("empty")
+	s.done()
+	require.NoError(t, os.Rename(filepath.Join(s.orig, "h/i/j"), filepath.Join(s.orig, "h/i/j-other")))
+	require.NoError(t, os.WriteFile(filepath.Join(s.orig, "h/i/new"), []byte("other writer"), 0o644))
+	commitExpecting(t, s, []Conflict{
+		{Path: "h/i/j-other", Reason: unaccountedReason},
+		{Path: "h/i/new", Reason: unaccountedReason},
+	})
+	// Resolved in the sandbox's favour, they go with h.
+	_, left, err := Resolve(s.cfg, []string{"h/i/j-other", "h/i/new"})
+	require.NoError(t, err)
+	assert.Empty(t, left)
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}

@@ -465,8 +465,11 @@ func unaccounted(orig *tree, cs layers.ChangeSet, r renames, bases, saw map[stri
 			continue // not a directory there (any more): nothing is dropped
 		}
 		shown := c.Path
-		if c.Kind == layers.Renamed {
+		switch {
+		case c.Kind == layers.Renamed:
 			shown = r.final(p)
+		case c.Kind == layers.Deleted && c.Original != "":
+			shown = c.Original // as status lists the removal
 		}
 		walk(p, shown, names)
 	}
@@ -489,7 +492,18 @@ func beneathAbsent(absent map[string]bool, p string) bool {
 // has a directory there, the commit drops everything in it.
 func takesAway(r renames, c layers.Change) (string, bool) {
 	switch c.Kind {
-	case layers.Deleted, layers.Created, layers.Modified, layers.Linked:
+	case layers.Deleted:
+		if c.Original != "" {
+			// Removed where the sandbox had moved it (mv h n; rm -r n):
+			// the original's object is at its own path, which the
+			// commit takes away with what it holds. Before 2026-11-27
+			// the path it was removed at was looked at instead, where
+			// the original has nothing, and what the original made
+			// beneath went unnamed, dropped with the backups.
+			return c.Original, true
+		}
+		return r.replacedAt(c.Path)
+	case layers.Created, layers.Modified, layers.Linked:
 		// Only where the original's object there still stands at c's
 		// path once the renamed directories are in place: in a new
 		// directory exchanged for an original one, it went along.
