@@ -216,9 +216,9 @@ func (p *planner) replace(path string) {
 func depth(p string) int { return strings.Count(p, "/") }
 
 // comparePaths orders paths component by component, so a directory comes
-// right before everything beneath it.
-// Byte by byte, with the separator before every other byte: a
-// component ends before any longer name that starts with it.
+// right before everything beneath it: byte by byte, with the separator
+// before every other byte (a component ends before any longer name that
+// starts with it).
 func comparePaths(a, b string) int {
 	for i := 0; i < len(a) && i < len(b); i++ {
 		if ca, cb := a[i], b[i]; ca != cb {
