@@ -338,6 +338,18 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 			s.remove("q/f")
 			s.remove("q")
 		}, "D g, D g/f, D g/keep, D q", false},
+		{"exchanged with a file, removed where it went, under a name a new directory took and left", func(s *diffSandbox) {
+			// (seed 555798659 of TestDifferentialRemount: the removals
+			// moved with the new directory, where they name nothing)
+			s.exchange("g", "q")
+			s.mkdir("h")
+			s.rename("q", "h/n2")
+			s.remove("h/n2/f")
+			s.remove("h/n2/keep")
+			s.remove("h/n2")
+			s.mkdir("h/n2")
+			s.rename("h/n2", "y")
+		}, "R g, D g/f, D g/keep, A h, A y", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

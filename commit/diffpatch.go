@@ -260,13 +260,20 @@ func StatusListing(cfg layers.Config, cs layers.ChangeSet) ([]layers.Change, err
 	out := slices.Clone(listing)
 	var walked []string // the directories read beneath so far
 	for _, c := range listing {
-		if c.Type != "dir" && c.Kind != layers.Modified && !(c.Kind == layers.Deleted && c.Original != "") || c.Kind == layers.Renamed {
+		if c.Type != "dir" && c.Kind != layers.Modified && c.Kind != layers.Renamed && !(c.Kind == layers.Deleted && c.Original != "") {
 			// Replaced no directory: a new file or link where the
 			// original has one is a change of type (Modified), and what
-			// a rename or a new object took the place of moved away. (A
-			// removal named by another path, the original object a
-			// removed one took the place of, has the removed one's type:
-			// the original there may be a directory, exchanged away.)
+			// a new object took the place of moved away. (A removal
+			// named by another path, the original object a removed one
+			// took the place of, has the removed one's type: the
+			// original there may be a directory, exchanged away.) A
+			// rename's target may replace an original directory that
+			// was exchanged away and then removed where it went, under
+			// a name another new directory took and left (mv d n1; the
+			// exchange of e and n1/f04; mv n1/f04 h/n2; rm -r h/n2;
+			// mkdir h/n2; mv h/n2 y): no change names its files, which
+			// the diff deletes with it (readPatchExtras), and until
+			// 2026-11-27 status did not list them.
 			continue
 		}
 		if slices.ContainsFunc(walked, func(w string) bool { return w == "" || strings.HasPrefix(c.Path, w+"/") }) {
