@@ -29,13 +29,7 @@ func BenchmarkCommit(b *testing.B) {
 					b.StopTimer()
 					cfg := benchSandbox(b, orig, n/100, k, i)
 					b.StartTimer()
-					x, err := Prepare(cfg, Options{})
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := Commit(x); err != nil {
-						b.Fatal(err)
-					}
+					benchCommit(b, cfg)
 					b.StopTimer()
 					os.RemoveAll(filepath.Dir(cfg.Upper))
 					b.StartTimer()
@@ -105,13 +99,7 @@ func BenchmarkCommitNewTree(b *testing.B) {
 				b.StopTimer()
 				cfg := benchNewTree(b, orig, k, i)
 				b.StartTimer()
-				x, err := Prepare(cfg, Options{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := Commit(x); err != nil {
-					b.Fatal(err)
-				}
+				benchCommit(b, cfg)
 				b.StopTimer()
 				os.RemoveAll(filepath.Dir(cfg.Upper))
 				os.RemoveAll(filepath.Join(orig, fmt.Sprintf("new%d", i)))
@@ -169,4 +157,16 @@ func benchOpen(b *testing.B, orig string) (layers.Config, *layers.Layers) {
 		b.Fatal(err)
 	}
 	return cfg, l
+}
+
+// benchCommit prepares and commits the sandbox cfg.
+func benchCommit(b *testing.B, cfg layers.Config) {
+	b.Helper()
+	x, err := Prepare(cfg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := Commit(x); err != nil {
+		b.Fatal(err)
+	}
 }
