@@ -22,6 +22,10 @@ import (
 
 const diffOpSetLatest = 3
 
+// diffOpSetChurn names, for a regression seed, the operations of
+// -diff.churn (diffChurnOps) instead of a numbered set.
+const diffOpSetChurn = -1
+
 var flagDiffOpSet = flag.Int("diff.opset", diffOpSetLatest, "operations the differential tests draw from: "+
 	"1 (files, directories, links, xattrs, descriptors), 2 (also directories held open and *at calls, chown, fallocate, copy_file_range, mmap, O_TMPFILE), "+
 	"3 (also rm -rf of a tree and making a removed tree again, as git checkout does)")

@@ -260,7 +260,8 @@ func TestDifferential(t *testing.T) {
 // diffCommitSeeds are histories that once broke the commit (kept as
 // regression runs; -diff.commit or -seed runs one more, random or given).
 // links: the original has hard links (diffLinks), as in random runs.
-// opset: the operations the seed draws from (-diff.opset).
+// opset: the operations the seed draws from (-diff.opset, or
+// diffOpSetChurn: -diff.churn).
 var diffCommitSeeds = []struct {
 	seed, ops int64
 	links     bool
@@ -270,6 +271,7 @@ var diffCommitSeeds = []struct {
 	{10, 1000, false, 1}, {17, 1000, false, 1}, {107, 1000, false, 1}, {159, 1000, false, 1}, {169, 1000, false, 1},
 	{306, 2000, false, 1}, {456, 2000, false, 1}, {87300363, 1000, false, 1}, {367227571, 1000, false, 1},
 	{895216717, 1000, false, 1}, {775086874, 1000, true, 1},
+	{946070738, 1000, true, diffOpSetChurn}, // a link moved over its removed other name, a directory made there
 }
 
 // TestDifferentialCommit runs random operations through the mount, commits
@@ -289,7 +291,11 @@ func TestDifferentialCommit(t *testing.T) {
 			if !c.links {
 				rerun += " -diff.nolinks"
 			}
-			if c.opset != diffOpSetLatest {
+			switch c.opset {
+			case diffOpSetLatest:
+			case diffOpSetChurn:
+				rerun += " -diff.churn"
+			default:
 				rerun += fmt.Sprintf(" -diff.opset %d", c.opset)
 			}
 			t.Logf("seed %d (rerun: %s)", c.seed, rerun)
@@ -501,7 +507,7 @@ func newDiffRunGuard(t *testing.T, seed int64, guard, links bool, opSet int) *di
 	}
 	sb := mountSandbox(t, orig, opts...)
 	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb, groupIno: map[uint64]bool{}, ops: diffOpsOf(opSet)}
-	if *flagDiffChurn {
+	if *flagDiffChurn || opSet == diffOpSetChurn {
 		r.ops = diffChurnOps
 	}
 	if links && plain {
