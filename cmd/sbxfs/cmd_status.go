@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"unicode"
@@ -35,7 +37,10 @@ D y), also of a file that went with a removed directory without a
 removal of its own (the original's listings of removed or replaced
 directories are read for it). A renamed directory is one entry ('sbxfs
 diff --name-status' names each file it moves). Paths with control
-characters or invalid UTF-8 are quoted as Go strings. The sandbox is
+characters or invalid UTF-8 are quoted as Go strings. A new directory
+with more than 100 entries beneath it, all of them new (an npm install,
+a clone, a build's output), is one line, 'A dir/ (N entries)', unless
+--all; the summary line and --json count and list every entry. The sandbox is
 named by its mountpoint, its sandbox directory DIR (with DIR/work), its
 work directory, or the ID of a managed sandbox; without one, the sbxfs
 mount the working directory lies in. --json prints the
@@ -48,6 +53,7 @@ resolve' keeps the sandbox's version of one). --json lists them under
 "conflicts".`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "list every entry of a large new directory instead of one line for it"},
 		},
 		OnUsageError: onUsageError,
 		Action:       runStatus,
@@ -135,7 +141,11 @@ func runStatus(c *cli.Context) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	if err := printChanges(c.App.Writer, listing); err != nil {
+	collapse := collapseAbove
+	if c.Bool("all") {
+		collapse = 0
+	}
+	if err := printChanges(c.App.Writer, listing, collapse); err != nil {
 		return err
 	}
 	printConflicts(c.App.Writer, conflicts, args[0])
@@ -225,15 +235,41 @@ func letterOf(k layers.ChangeKind) string {
 	return "?"
 }
 
-// printChanges prints one line per change and a summary line.
-func printChanges(out io.Writer, changes []layers.Change) error {
+// collapseAbove is how many entries a new directory holds, all new,
+// before status shows it as one line (git shows every untracked
+// directory so; small ones are listed whole here, as a new package of a
+// few files is worth reading name by name, an npm install is not).
+const collapseAbove = 100
+
+// printChanges prints one line per change and a summary line. changes
+// are in listing order (by path, byte-wise). A created directory with
+// more than collapse entries beneath it, every one of them created, is
+// printed as one line (collapse 0: never).
+func printChanges(out io.Writer, changes []layers.Change, collapse int) error {
 	w := bufio.NewWriter(out) // a line a change: one write(2), not thousands
 	counts := map[layers.ChangeKind]int{}
 	for _, ch := range changes {
 		counts[ch.Kind]++
+	}
+	if !slices.IsSortedFunc(changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) }) {
+		collapse = 0 // newEntriesBeneath searches by path
+	}
+	skip := map[int]int{} // first index of a collapsed directory's entries -> past its last
+	for i := 0; i < len(changes); i++ {
+		if end, ok := skip[i]; ok {
+			i = end - 1
+			continue
+		}
+		ch := changes[i]
 		line := letterOf(ch.Kind) + " " + quotePath(ch.Path)
 		if ch.Kind == layers.Renamed || ch.Kind == layers.Linked {
 			line = letterOf(ch.Kind) + " " + quotePath(ch.From) + " -> " + quotePath(ch.Path)
+		}
+		if collapse > 0 {
+			if start, end := newEntriesBeneath(changes, i); end-start > collapse {
+				line = fmt.Sprintf("A %s/ (%d entries)", quotePath(ch.Path), end-start)
+				skip[start] = end
+			}
 		}
 		if _, err := fmt.Fprintln(w, line); err != nil {
 			return err
@@ -243,6 +279,29 @@ func printChanges(out io.Writer, changes []layers.Change) error {
 		return err
 	}
 	return w.Flush()
+}
+
+// newEntriesBeneath returns the range of changes beneath changes[i] when
+// it is a created directory and every one of them is a creation, else an
+// empty range. (Byte-wise, d-x sorts between d and d/x: the entries
+// beneath d follow it as one run, but not always at once.) A renamed or
+// linked entry, a removal or a change of an original path beneath keeps
+// the directory listed entry by entry, down to its wholly new
+// subdirectories.
+func newEntriesBeneath(changes []layers.Change, i int) (start, end int) {
+	dir := changes[i]
+	if dir.Kind != layers.Created || dir.Type != "dir" || dir.Path == "" {
+		return 0, 0
+	}
+	prefix := dir.Path + "/"
+	rest := changes[i+1:]
+	start = i + 1 + sort.Search(len(rest), func(j int) bool { return rest[j].Path >= prefix })
+	for end = start; end < len(changes) && strings.HasPrefix(changes[end].Path, prefix); end++ {
+		if changes[end].Kind != layers.Created {
+			return 0, 0
+		}
+	}
+	return start, end
 }
 
 func summary(n int, counts map[layers.ChangeKind]int) string {

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -26,7 +29,7 @@ func TestPrintChanges(t *testing.T) {
 		{Path: "spaced name é", Kind: layers.Created, Type: "file"},
 	}
 	var out bytes.Buffer
-	require.NoError(t, printChanges(&out, changes))
+	require.NoError(t, printChanges(&out, changes, collapseAbove))
 	want := `A new
 M dir/edited
 m chmodded
@@ -41,12 +44,61 @@ A spaced name é
 	assert.Equal(t, want, out.String())
 
 	out.Reset()
-	require.NoError(t, printChanges(&out, nil))
+	require.NoError(t, printChanges(&out, nil, collapseAbove))
 	assert.Equal(t, "no changes\n", out.String())
 
 	out.Reset()
-	require.NoError(t, printChanges(&out, changes[:1]))
+	require.NoError(t, printChanges(&out, changes[:1], collapseAbove))
 	assert.Equal(t, "A new\n1 change: 1 created\n", out.String())
+}
+
+// A new directory with more than collapseAbove entries, all new, is one
+// line; one with a link, a removal or a change of an original path
+// beneath is listed entry by entry, down to its wholly new
+// subdirectories. d-x sorts between d and d/... (byte-wise), and must
+// neither break d's run nor be swallowed by it.
+func TestPrintChangesCollapsesLargeNewDirectories(t *testing.T) {
+	t.Parallel()
+	created := func(p, typ string) layers.Change { return layers.Change{Path: p, Kind: layers.Created, Type: typ} }
+	var changes []layers.Change
+	changes = append(changes, created("d", "dir"), created("d-x", "file"))
+	for i := 0; i < 150; i++ {
+		changes = append(changes, created(fmt.Sprintf("d/%03d", i), "file"))
+	}
+	changes = append(changes, created("d/sub", "dir"), created("d/sub/f", "file"))
+	changes = append(changes, created("mixed", "dir"), layers.Change{Path: "mixed/hl", Kind: layers.Linked, From: "orig", Type: "file"})
+	changes = append(changes, created("mixed/new", "dir"))
+	for i := 0; i < 101; i++ {
+		changes = append(changes, created(fmt.Sprintf("mixed/new/%03d", i), "file"))
+	}
+	changes = append(changes, created("small", "dir"))
+	for i := 0; i < 100; i++ {
+		changes = append(changes, created(fmt.Sprintf("small/%03d", i), "file"))
+	}
+	changes = append(changes, layers.Change{Path: "z", Kind: layers.Modified, Type: "file"})
+	require.True(t, slices.IsSortedFunc(changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) }))
+
+	var out bytes.Buffer
+	require.NoError(t, printChanges(&out, changes, collapseAbove))
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	want := []string{"A d/ (152 entries)", "A d-x", "A mixed", "L orig -> mixed/hl", "A mixed/new/ (101 entries)", "A small"}
+	assert.Equal(t, want, lines[:len(want)])
+	assert.Equal(t, "A small/000", lines[len(want)], "100 entries are listed")
+	assert.Len(t, lines, len(want)+100+2)
+	assert.Equal(t, "M z", lines[len(lines)-2])
+	assert.Equal(t, fmt.Sprintf("%d changes: %d created, 1 modified, 1 linked", len(changes), len(changes)-2), lines[len(lines)-1],
+		"the summary counts every entry")
+
+	out.Reset()
+	require.NoError(t, printChanges(&out, changes, 0))
+	assert.Equal(t, len(changes)+1, strings.Count(out.String(), "\n"), "--all lists every entry")
+
+	// Out of order (never from StatusListing): nothing is collapsed
+	// rather than something miscounted.
+	shuffled := append([]layers.Change{changes[len(changes)-1]}, changes[:len(changes)-1]...)
+	out.Reset()
+	require.NoError(t, printChanges(&out, shuffled, collapseAbove))
+	assert.Equal(t, len(changes)+1, strings.Count(out.String(), "\n"))
 }
 
 func TestChangeJSONRoundTrip(t *testing.T) {

@@ -136,6 +136,23 @@ func TestMountWriteStatusUnmount(t *testing.T) {
 	require.Equal(t, 0, r.code)
 	assert.Contains(t, r.stdout, "A new.txt\n")
 
+	// A large new directory is one line, unless --all; --json lists
+	// every entry.
+	tree := filepath.Join(f.mnt, "node_modules")
+	for i := range 120 {
+		require.NoError(t, os.MkdirAll(filepath.Join(tree, fmt.Sprintf("p%d", i%3)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(tree, fmt.Sprintf("p%d", i%3), fmt.Sprint(i)), nil, 0o644))
+	}
+	r = runBin(t, bin, "status", f.mnt)
+	require.Equal(t, 0, r.code)
+	assert.Equal(t, "A new.txt\nA node_modules/ (123 entries)\n125 changes: 125 created\n", r.stdout)
+	r = runBin(t, bin, "status", "--all", f.mnt)
+	require.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "A node_modules/p2/119\n")
+	assert.Equal(t, 126, strings.Count(r.stdout, "\n"))
+	assert.True(t, hasChange(statusOf(t, f.mnt), "node_modules/p2/119", "created"))
+	require.NoError(t, os.RemoveAll(tree))
+
 	// Without an argument, status and diff work on the mount the working
 	// directory lies in, as git on its repository; a path inside a mount
 	// is refused with the mountpoint named.
