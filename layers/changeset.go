@@ -105,6 +105,10 @@ type touched struct {
 	// paths something was moved to from an original path (movedAway).
 	movedFrom map[string][]string
 	dirs      dirCache
+	// linked holds the paths classify found an upper non-directory at
+	// with more than one link, in order: the names linkGroups groups
+	// (every other path has one name, and is not looked at again).
+	linked []string
 	// dropped collects ChangeSet.Dropped (noteDropped).
 	dropped []Change
 }
@@ -299,7 +303,7 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 			cs.Changes[i].Kind, cs.Changes[i].From = Created, ""
 		}
 	}
-	l.linkGroups(&cs, keys, t.dirs)
+	l.linkGroups(&cs, t.linked, t.dirs)
 	// A rename's source is gone by the rename itself.
 	renamedFrom := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -317,7 +321,8 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 	return cs, nil
 }
 
-// linkGroups makes the names of one upper inode one inode in the original:
+// linkGroups makes the names of one upper inode one inode in the original
+// (keys: the paths to look at, sorted):
 // the journal names a link's source by whichever name the kernel used,
 // which may be gone since, so names are grouped by the upper inode they
 // share. One name is the anchor: an unchanged original name (the commit
@@ -467,6 +472,9 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	ov, inOv, err := l.resolveIn(t.dirs, p)
 	if err != nil {
 		return Change{}, false, err
+	}
+	if inOv && ov.Upper && !ov.IsDir() && ov.Stat.Nlink > 1 {
+		t.linked = append(t.linked, p)
 	}
 	if testHookResolved != nil {
 		testHookResolved(p)
