@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,17 +20,17 @@ const (
 
 // ListXattrs returns the names of the extended attributes of fd.
 func ListXattrs(fd int) ([]string, error) {
-	buf, err := readGrowing(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
+	names, err := readNames(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
 	if err != nil {
 		return nil, fmt.Errorf("list xattrs of fd %d: %w", fd, err)
 	}
-	return splitNames(buf), nil
+	return names, nil
 }
 
 // GetXattr returns the value of the extended attribute name of fd.
 // A missing attribute gives an error matching unix.ENODATA.
 func GetXattr(fd int, name string) ([]byte, error) {
-	v, err := readGrowing(func(b []byte) (int, error) { return unix.Fgetxattr(fd, name, b) })
+	v, err := readValue(func(b []byte) (int, error) { return unix.Fgetxattr(fd, name, b) })
 	if err != nil {
 		return nil, fmt.Errorf("get xattr %q of fd %d: %w", name, fd, err)
 	}
@@ -38,16 +39,16 @@ func GetXattr(fd int, name string) ([]byte, error) {
 
 // LListXattrs is ListXattrs on a path; a symlink is not followed.
 func LListXattrs(path string) ([]string, error) {
-	buf, err := readGrowing(func(b []byte) (int, error) { return unix.Llistxattr(path, b) })
+	names, err := readNames(func(b []byte) (int, error) { return unix.Llistxattr(path, b) })
 	if err != nil {
 		return nil, fmt.Errorf("list xattrs of %q: %w", path, err)
 	}
-	return splitNames(buf), nil
+	return names, nil
 }
 
 // LGetXattr is GetXattr on a path; a symlink is not followed.
 func LGetXattr(path, name string) ([]byte, error) {
-	v, err := readGrowing(func(b []byte) (int, error) { return unix.Lgetxattr(path, name, b) })
+	v, err := readValue(func(b []byte) (int, error) { return unix.Lgetxattr(path, name, b) })
 	if err != nil {
 		return nil, fmt.Errorf("get xattr %q of %q: %w", name, path, err)
 	}
@@ -94,26 +95,49 @@ func ignorableSetErr(name string, err error) bool {
 	return privileged && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP))
 }
 
-// readGrowing calls get with a buffer until it fits: on ERANGE it asks the
-// size (get with an empty buffer) and retries with a larger buffer, since the
+// xattrBufs holds the first buffers readGrowing tries. A change set or
+// a commit lists the attributes of every path it looks at, most of which
+// have none: a buffer made for each call was most of what they allocated.
+var xattrBufs = sync.Pool{New: func() any { b := make([]byte, xattrFirstBuf); return &b }}
+
+// readNames reads a list of attribute names with get (readGrowing).
+func readNames(get func([]byte) (int, error)) ([]string, error) {
+	var names []string
+	err := readGrowing(get, func(b []byte) { names = splitNames(b) })
+	return names, err
+}
+
+// readValue reads an attribute's value with get (readGrowing).
+func readValue(get func([]byte) (int, error)) ([]byte, error) {
+	var v []byte
+	err := readGrowing(get, func(b []byte) { v = append([]byte{}, b...) })
+	return v, err
+}
+
+// readGrowing calls get with a buffer until it fits, and then use with
+// what get read (valid only during the call): on ERANGE it asks the size
+// (get with an empty buffer) and retries with a larger buffer, since the
 // value may change between the two calls.
-func readGrowing(get func([]byte) (int, error)) ([]byte, error) {
-	buf := make([]byte, xattrFirstBuf)
+func readGrowing(get func([]byte) (int, error), use func([]byte)) error {
+	first := xattrBufs.Get().(*[]byte)
+	defer xattrBufs.Put(first)
+	buf := *first
 	for {
 		n, err := get(buf)
 		if err == nil {
-			return buf[:n], nil
+			use(buf[:n])
+			return nil
 		}
 		if !errors.Is(err, unix.ERANGE) {
-			return nil, err
+			return err
 		}
 		size, err := get(nil)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		size = max(size, 2*len(buf))
 		if size > xattrMaxBuf {
-			return nil, unix.ERANGE
+			return unix.ERANGE
 		}
 		buf = make([]byte, size)
 	}
@@ -121,6 +145,9 @@ func readGrowing(get func([]byte) (int, error)) ([]byte, error) {
 
 // splitNames splits a NUL-terminated list of names.
 func splitNames(buf []byte) []string {
+	if len(buf) == 0 {
+		return nil // most objects have no attribute
+	}
 	var names []string
 	for _, n := range strings.Split(string(buf), "\x00") {
 		if n != "" {

@@ -3,6 +3,7 @@ package fsutil
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,6 +58,31 @@ func TestGetXattr(t *testing.T) {
 		require.NoError(t, err, name)
 		assert.True(t, bytes.Equal(want, got), "LGetXattr %s", name)
 	}
+
+	// What one call returns is its own: the next call's buffer (the
+	// calls share their first buffers) leaves it as it was.
+	first, err := GetXattr(fd, "user.binary")
+	require.NoError(t, err)
+	for range 3 {
+		_, err = LGetXattr(p, "user.big")
+		require.NoError(t, err)
+		_, err = GetXattr(fd, "user.empty")
+		require.NoError(t, err)
+	}
+	assert.Equal(t, vals["user.binary"], first)
+
+	// A list of names longer than the first buffer (on a file of its
+	// own: ext4 keeps a file's attributes in one block).
+	fd2 := createEmpty(t, filepath.Join(dir, "g"))
+	var many []string
+	for i := range 40 {
+		many = append(many, fmt.Sprintf("user.a-rather-long-attribute-name-%03d", i))
+		require.NoError(t, unix.Fsetxattr(fd2, many[i], nil, 0))
+	}
+	names, err = ListXattrs(fd2)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, many, names)
+	assert.Greater(t, 40*len(many[0]), int(xattrFirstBuf))
 
 	_, err = GetXattr(fd, "user.missing")
 	assert.ErrorIs(t, err, unix.ENODATA)
