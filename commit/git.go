@@ -325,7 +325,12 @@ func (g *gitWork) stage(tree *gitTree, paths, replaced []string, moves gitMoves)
 		}
 		switch {
 		case f.special:
-			continue // HEAD's entry, if any, and the index stay
+			// Git records no FIFO, socket or device: a file or symlink
+			// HEAD has at p stays, as git add leaves it (git status
+			// shows it modified), but a directory that was there is
+			// gone with what it held, as git add -A takes it out.
+			err = tree.removeDir(p)
+			edit.removeBeneath(p)
 		case !f.exists:
 			err = tree.remove(p, false)
 			edit.remove(p)

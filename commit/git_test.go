@@ -228,6 +228,28 @@ func TestGitCommitErrors(t *testing.T) {
 	assert.FileExists(t, lock, "someone else's lock is left alone")
 }
 
+// TestGitCommitOfADirectoryReplacedByAFIFO: git records no FIFO, so a
+// tracked directory replaced by one is gone from the commit with its
+// files (git add -A takes them out), while a tracked file replaced by one
+// stays as HEAD has it (git add refuses the FIFO; git status shows the
+// file modified). Until 2026-11-27 the directory's files stayed in the
+// commit, shown deleted by git status (TestDifferentialCommit, seed
+// 563182110: a remade directory exchanged with a FIFO).
+func TestGitCommitOfADirectoryReplacedByAFIFO(t *testing.T) {
+	t.Parallel()
+	dir := newGitRepo(t, map[string]string{"g/f07": "f\n", "g/sub/g1": "g\n", "p": "p\n", "other": "o\n"})
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "g")))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "g"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(dir, "p")))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "p"), 0o644))
+	_, err := GitCommit(dir, []string{"g", "p"}, GitCommitOptions{Message: "m"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"D\tg/f07", "D\tg/sub/g1"}, sortedLines(gitIn(t, dir, "show", "--name-status", "--format=", "HEAD")))
+	assert.Equal(t, []string{" M p"}, gitLines(gitIn(t, dir, "status", "--porcelain")), "the file a FIFO replaced stays as HEAD has it")
+	assert.Equal(t, "other\np\n", gitIn(t, dir, "ls-files"))
+	requireFsck(t, dir)
+}
+
 // TestGitCommitOfAReplacedDirectory: h removed and made again holding
 // less (rm -r h; a build writes h/a anew, h/b moved out first): the
 // commit drops what HEAD tracks beneath h that h no longer has, records

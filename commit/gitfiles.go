@@ -73,12 +73,14 @@ type gitIndexEdit struct {
 	drop      map[string]bool // entries at these names go, every stage
 	dropFile  map[string]bool // a non-submodule entry at these names goes
 	dropUnder map[string]bool // entries beneath these directories go
-	add       []*index.Entry
-	moves     gitMoves // renamed directories: their entries move first
+	// a submodule entry at these names goes
+	dropSubmodule map[string]bool
+	add           []*index.Entry
+	moves         gitMoves // renamed directories: their entries move first
 }
 
 func newGitIndexEdit() *gitIndexEdit {
-	return &gitIndexEdit{drop: map[string]bool{}, dropFile: map[string]bool{}, dropUnder: map[string]bool{}}
+	return &gitIndexEdit{drop: map[string]bool{}, dropFile: map[string]bool{}, dropUnder: map[string]bool{}, dropSubmodule: map[string]bool{}}
 }
 
 // set stages p as f. An entry beneath p, or a file entry at one of p's
@@ -101,6 +103,10 @@ func (e *gitIndexEdit) set(p string, f *gitWorkFile) {
 
 // remove unstages p and everything beneath it.
 func (e *gitIndexEdit) remove(p string) { e.drop[p], e.dropUnder[p] = true, true }
+
+// removeBeneath unstages everything beneath p and a submodule at p; a
+// file entry at p stays.
+func (e *gitIndexEdit) removeBeneath(p string) { e.dropUnder[p], e.dropSubmodule[p] = true, true }
 
 // keepDir drops a file entry at p, which is a directory now.
 func (e *gitIndexEdit) keepDir(p string) { e.dropFile[p] = true }
@@ -125,7 +131,7 @@ func (e *gitIndexEdit) apply(idx *index.Index) {
 }
 
 func (e *gitIndexEdit) drops(en *index.Entry) bool {
-	if e.drop[en.Name] || e.dropFile[en.Name] && en.Mode != filemode.Submodule {
+	if e.drop[en.Name] || e.dropFile[en.Name] && en.Mode != filemode.Submodule || e.dropSubmodule[en.Name] && en.Mode == filemode.Submodule {
 		return true
 	}
 	for q := en.Name; strings.Contains(q, "/"); {

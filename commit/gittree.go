@@ -124,6 +124,19 @@ func (t *gitTree) remove(p string, nonDir bool) error {
 	return nil
 }
 
+// removeDir takes a directory or a submodule at p out of the tree, with
+// everything beneath it; a non-directory at p stays.
+func (t *gitTree) removeDir(p string) error {
+	n, name, err := t.parent(p, false)
+	if err != nil || n == nil {
+		return err
+	}
+	if e := n.entries[name]; e == nil || e.mode != filemode.Dir && e.mode != filemode.Submodule {
+		return nil
+	}
+	return t.remove(p, false)
+}
+
 // removeExcept takes p and everything beneath it out of the tree, but
 // what lies at or beneath one of keep, and returns the paths it took out.
 func (t *gitTree) removeExcept(p string, keep []string) ([]string, error) {

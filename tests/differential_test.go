@@ -272,6 +272,7 @@ var diffCommitSeeds = []struct {
 	{306, 2000, false, 1}, {456, 2000, false, 1}, {87300363, 1000, false, 1}, {367227571, 1000, false, 1},
 	{895216717, 1000, false, 1}, {775086874, 1000, true, 1},
 	{946070738, 1000, true, diffOpSetChurn}, // a link moved over its removed other name, a directory made there
+	{563182110, 702, true, diffOpSetLatest}, // a remade directory exchanged with a FIFO: the git commit kept its files
 }
 
 // TestDifferentialCommit runs random operations through the mount, commits
