@@ -53,7 +53,7 @@ func (r *diffReader) readOrig(rel string, opts pairOpts) (diffSide, error) {
 	if err != nil || !ok {
 		return diffSide{}, err
 	}
-	return readSide(root, at, opts)
+	return r.readSide(root, at, opts)
 }
 
 // origEntry is a name of an original directory and its type.

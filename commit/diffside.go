@@ -107,6 +107,9 @@ type diffReader struct {
 	// For the listing forms: the original paths the Listing names
 	// removed, which addGone leaves to it.
 	listedRemovals map[string]bool
+	// parents keeps the directory of the last object read beneath each
+	// root open.
+	parents parentDirs
 }
 
 func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*diffReader, error) {
@@ -114,7 +117,7 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 		return nil, fmt.Errorf("diff: the layers need an upper and an original")
 	}
 	r := &diffReader{upper: -1, orig: -1, renamed: map[string]string{}, opts: opts, changes: map[string]layers.Change{},
-		sources: map[string]bool{}, olds: map[string]bool{}, inPlace: map[string]bool{}, gone: map[string]bool{}}
+		sources: map[string]bool{}, olds: map[string]bool{}, inPlace: map[string]bool{}, gone: map[string]bool{}, parents: parentDirs{}}
 	var err error
 	if r.upper, err = unix.Open(cfg.Upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, fmt.Errorf("diff: open upper %q: %w", cfg.Upper, err)
@@ -243,6 +246,7 @@ func (r *diffReader) oldPathOf(c layers.Change) (string, bool) {
 }
 
 func (r *diffReader) close() {
+	r.parents.close()
 	for _, fd := range append([]int{r.upper, r.orig}, r.lowers...) {
 		if fd >= 0 {
 			unix.Close(fd)
@@ -268,7 +272,7 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 	}
 	if c.Kind != layers.Deleted {
 		d.newPath = c.Path
-		if d.new, err = readSide(r.upper, c.Path, r.opts); err != nil {
+		if d.new, err = r.readSide(r.upper, c.Path, r.opts); err != nil {
 			return nil, fmt.Errorf("diff %q: upper: %w", c.Path, err)
 		}
 		if !d.new.exists || d.new.whiteout {
@@ -293,15 +297,12 @@ func (r *diffReader) pair(c layers.Change, beneath bool) (*diffPair, error) {
 // readSide reads the object at rel beneath the directory root. A missing
 // object, or one behind a non-directory or a symlink, gives a side that
 // does not exist.
-func readSide(root int, rel string, opts pairOpts) (diffSide, error) {
+func (r *diffReader) readSide(root int, rel string, opts pairOpts) (diffSide, error) {
 	var s diffSide
 	var st unix.Stat_t
-	dir, base, ok, err := lstatBeneath(root, rel, &st)
+	dir, base, ok, err := lstatBeneath(root, rel, &st, r.parents)
 	if err != nil || !ok {
 		return s, err
-	}
-	if dir != root {
-		defer unix.Close(dir)
 	}
 	s.exists, s.mode, s.size = true, st.Mode, st.Size
 	switch st.Mode & unix.S_IFMT {
@@ -320,24 +321,30 @@ func readSide(root int, rel string, opts pairOpts) (diffSide, error) {
 
 // lstatBeneath stats rel beneath root without following symlinks. When
 // the object exists it returns the directory that holds it (root itself
-// for the root; the caller closes any other) and its name there.
-func lstatBeneath(root int, rel string, st *unix.Stat_t) (int, string, bool, error) {
+// for the root) and its name there. That directory is dirs' when dirs is
+// not nil, else the caller closes it (unless it is root).
+func lstatBeneath(root int, rel string, st *unix.Stat_t, dirs parentDirs) (int, string, bool, error) {
 	clean, err := fsutil.CleanRel(rel)
 	if err != nil {
 		return -1, "", false, err
 	}
 	dir, base := root, ""
 	if clean != "" {
-		if dir, err = fsutil.OpenDirBeneath(root, clean); err != nil {
+		base = path.Base(clean)
+		if dirs != nil {
+			dir, err = dirs.open(root, path.Dir(clean))
+		} else {
+			dir, err = fsutil.OpenDirBeneath(root, clean)
+		}
+		if err != nil {
 			if absent(err) {
 				err = nil
 			}
 			return -1, "", false, err
 		}
-		base = path.Base(clean)
 	}
 	if err := unix.Fstatat(dir, base, st, unix.AT_SYMLINK_NOFOLLOW|unix.AT_EMPTY_PATH); err != nil {
-		if dir != root {
+		if dir != root && dirs == nil {
 			unix.Close(dir)
 		}
 		if absent(err) {
@@ -348,6 +355,47 @@ func lstatBeneath(root int, rel string, st *unix.Stat_t) (int, string, bool, err
 	return dir, base, true, nil
 }
 
+// parentDirs keeps, for each root, the directory of the last object
+// looked at beneath it open: a diff reads its pairs in path order, so the
+// next object mostly lies in the same directory (one openat2 a directory,
+// not one an object). Only diff and status read through it: an object
+// whose directory moved since is read where it went, as a read made a
+// moment earlier would have.
+type parentDirs map[int]*parentDir
+
+type parentDir struct {
+	rel string
+	fd  int
+}
+
+// open returns the directory dirRel beneath root (root itself for "."),
+// which stays dirs' to close.
+func (dirs parentDirs) open(root int, dirRel string) (int, error) {
+	if dirRel == "." {
+		return root, nil
+	}
+	if d := dirs[root]; d != nil {
+		if d.rel == dirRel {
+			return d.fd, nil
+		}
+		unix.Close(d.fd)
+		delete(dirs, root)
+	}
+	fd, err := fsutil.OpenBeneath(root, dirRel, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open parent %q: %w", dirRel, err)
+	}
+	dirs[root] = &parentDir{rel: dirRel, fd: fd}
+	return fd, nil
+}
+
+func (dirs parentDirs) close() {
+	for root, d := range dirs {
+		unix.Close(d.fd)
+		delete(dirs, root)
+	}
+}
+
 // origType is the type name of the original's object at rel ("" when
 // there is none).
 func (r *diffReader) origType(rel string) (string, error) {
@@ -356,12 +404,8 @@ func (r *diffReader) origType(rel string) (string, error) {
 		return "", err
 	}
 	var st unix.Stat_t
-	dir, _, ok, err := lstatBeneath(root, rel, &st)
-	if err != nil || !ok {
+	if _, _, ok, err := lstatBeneath(root, rel, &st, r.parents); err != nil || !ok {
 		return "", err
-	}
-	if dir != root {
-		unix.Close(dir)
 	}
 	return layers.TypeName(st.Mode), nil
 }
@@ -393,8 +437,16 @@ func (s *diffSide) readFile(dir int, name string, opts pairOpts) error {
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	head := make([]byte, binarySniff)
+	// As much as the file held when it was stat'ed (and a byte more, to
+	// tell it grew since), up to the sniff: most files are small.
+	head := make([]byte, min(s.size+1, binarySniff))
 	n, err := io.ReadFull(f, head)
+	if err == nil && n < binarySniff {
+		head = append(head, make([]byte, binarySniff-n)...) // it grew: sniff as much as ever
+		var m int
+		m, err = io.ReadFull(f, head[n:])
+		n += m
+	}
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("read: %w", err)
 	}

@@ -292,7 +292,7 @@ type gitWorkFile struct {
 // stores the blob of a file or symlink.
 func readWorkFile(s storer.EncodedObjectStorer, top int, p string) (gitWorkFile, error) {
 	var f gitWorkFile
-	dir, base, ok, err := lstatBeneath(top, p, &f.st)
+	dir, base, ok, err := lstatBeneath(top, p, &f.st, nil)
 	if err != nil || !ok {
 		return f, err
 	}
