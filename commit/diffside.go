@@ -363,9 +363,13 @@ func lstatBeneath(root int, rel string, st *unix.Stat_t, dirs parentDirs) (int, 
 // moment earlier would have.
 type parentDirs map[int]*parentDir
 
+// parentDir is a directory beneath a root, open, or the error that told
+// it is absent (a new directory of the sandbox, looked for in the
+// original: every object in it is absent there).
 type parentDir struct {
 	rel string
 	fd  int
+	err error
 }
 
 // open returns the directory dirRel beneath root (root itself for "."),
@@ -376,22 +380,31 @@ func (dirs parentDirs) open(root int, dirRel string) (int, error) {
 	}
 	if d := dirs[root]; d != nil {
 		if d.rel == dirRel {
-			return d.fd, nil
+			return d.fd, d.err
 		}
-		unix.Close(d.fd)
+		d.release()
 		delete(dirs, root)
 	}
 	fd, err := fsutil.OpenBeneath(root, dirRel, unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return -1, fmt.Errorf("open parent %q: %w", dirRel, err)
+		err = fmt.Errorf("open parent %q: %w", dirRel, err)
+		if !absent(err) {
+			return -1, err
+		}
 	}
-	dirs[root] = &parentDir{rel: dirRel, fd: fd}
-	return fd, nil
+	dirs[root] = &parentDir{rel: dirRel, fd: fd, err: err}
+	return fd, err
+}
+
+func (d *parentDir) release() {
+	if d.fd >= 0 {
+		unix.Close(d.fd)
+	}
 }
 
 func (dirs parentDirs) close() {
 	for root, d := range dirs {
-		unix.Close(d.fd)
+		d.release()
 		delete(dirs, root)
 	}
 }
