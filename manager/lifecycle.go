@@ -45,7 +45,12 @@ func (m *Manager) rollback(ctx context.Context, plan, only string, keep bool) (*
 	if err := m.settlePlan(plan); err != nil {
 		m.log.Warn("an earlier commit of the plan is unsettled; its sandboxes are not rolled back", "plan", plan, "err", err)
 	}
-	for _, r := range m.childrenFirst(m.snapshot(plan)) {
+	rs := m.snapshot(plan)
+	if len(rs) == 0 && only == "" {
+		res.Err = noPlan(plan)
+		return res.finish()
+	}
+	for _, r := range m.childrenFirst(rs) {
 		switch {
 		case only != "" && r.ID != only:
 		case r.State == Active:
@@ -156,7 +161,12 @@ func (m *Manager) DestroyPlan(ctx context.Context, plan string) (*BatchResult, e
 		return res.finish()
 	}
 	defer done()
-	for _, r := range m.childrenFirst(m.snapshot(plan)) {
+	rs := m.snapshot(plan)
+	if len(rs) == 0 {
+		res.Err = noPlan(plan)
+		return res.finish()
+	}
+	for _, r := range m.childrenFirst(rs) {
 		if r.State == CleanedUp {
 			continue
 		}
@@ -167,6 +177,14 @@ func (m *Manager) DestroyPlan(ctx context.Context, plan string) (*BatchResult, e
 		}
 	}
 	return res.finish()
+}
+
+// noPlan is the error of a plan-wide commit, rollback or destroy of a
+// plan no sandbox was ever made in (or whose sandboxes were all
+// destroyed): a misspelt name, which succeeding with nothing done would
+// hide.
+func noPlan(plan string) error {
+	return fmt.Errorf("%w in plan %s", ErrNotFound, plan)
 }
 
 // purgeDirs removes r's upper and work directories and the mountpoint the

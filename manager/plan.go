@@ -136,7 +136,11 @@ func (m *Manager) commitPlan(ctx context.Context, plan, only string, o CommitOpt
 // commit order: nested sandboxes before their parents.
 func (c *planCommit) enlist(only string) error {
 	var act []record
-	for _, r := range c.m.snapshot(c.record.Plan) {
+	rs := c.m.snapshot(c.record.Plan)
+	if len(rs) == 0 && only == "" {
+		return noPlan(c.record.Plan)
+	}
+	for _, r := range rs {
 		switch {
 		case only != "" && r.ID != only:
 		case r.State == Active:

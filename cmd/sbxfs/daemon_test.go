@@ -286,6 +286,16 @@ func TestManagedRollbackDestroyGC(t *testing.T) {
 	assertFailure(t, e.sbxfs("destroy", "0123456789abcdef"), exitNotSbxfs, "no such sandbox")
 	assertFailure(t, e.sbxfs("destroy"), exitUsage, "ID or --plan P")
 
+	// A plan no sandbox was ever made in is a misspelt name: refused, not
+	// a success with nothing done. A plan with none active has nothing
+	// to commit.
+	for _, cmd := range []string{"commit", "rollback", "destroy"} {
+		assertFailure(t, e.sbxfs(cmd, "--plan", "nosuch"), exitNotSbxfs, "no such sandbox in plan nosuch; see 'sbxfs list'")
+	}
+	r = e.sbxfs("commit", "--plan", "p")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, "nothing to commit in plan p\n", r.stdout)
+
 	r = e.sbxfs("gc", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &res), r.stdout)
