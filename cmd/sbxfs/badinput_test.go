@@ -54,6 +54,8 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		{"mount without arguments", []string{"mount"}, exitUsage, "ORIGINAL MOUNTPOINT"},
 		{"mount with three arguments", []string{"mount", orig, mnt, plain}, exitUsage, "ORIGINAL MOUNTPOINT"},
 		{"mount with an upper that is a file", []string{"mount", "--upper", file, orig, mnt}, exitBadPath, "not a directory"},
+		{"mount with an upper where no directory can be made", []string{"mount", "--upper", "/proc/sbxfs-upper", orig, mnt}, exitBadPath,
+			"mkdir /proc/sbxfs-upper: no such file or directory; give an --upper on a file system that holds ordinary directories"},
 		{"mount with an empty original", []string{"mount", "", mnt}, exitUsage, "argument 1 of mount is empty"},
 		{"mount with an empty mountpoint", []string{"mount", orig, ""}, exitUsage, "argument 2 of mount is empty"},
 		{"mount of an unknown id", []string{"mount", unknownID}, exitNotSbxfs, "no sandbox " + unknownID},

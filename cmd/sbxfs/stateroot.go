@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // stateRoot returns the directory where sbxfs keeps the sandboxes it
@@ -57,7 +59,7 @@ func makeSandbox(dir string) error {
 	}
 	upper, work := sandboxDirs(dir)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return failf(exitBadPath, "create %s: %v; check the permissions of its parent", filepath.Dir(dir), err)
+		return failf(exitBadPath, "create %s: %v; %s", filepath.Dir(dir), err, mkdirHint(err))
 	}
 	for _, d := range []string{dir, upper, work} {
 		if err := mkdir0700(d); err != nil {
@@ -65,6 +67,20 @@ func makeSandbox(dir string) error {
 		}
 	}
 	return nil
+}
+
+// mkdirHint says what to do about a sandbox directory that could not be
+// made.
+func mkdirHint(err error) string {
+	switch {
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return "check the permissions of its parent, or give another --upper"
+	case errors.Is(err, unix.EROFS):
+		return "its file system is read-only: give an --upper on a writable one"
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return "its file system is full: free space, or give another --upper"
+	}
+	return "give an --upper on a file system that holds ordinary directories"
 }
 
 // mkdir0700 creates d with mode 0700 whatever the umask; an existing
@@ -83,7 +99,7 @@ func mkdir0700(d string) error {
 		}
 		return nil
 	case err != nil:
-		return failf(exitBadPath, "create %s: %v; check the permissions of its parent", d, err)
+		return failf(exitBadPath, "create %s: %v; %s", d, err, mkdirHint(err))
 	}
 	if err := os.Chmod(d, 0o700); err != nil {
 		return fmt.Errorf("chmod %s: %w", d, err)
