@@ -102,6 +102,8 @@ func TestBadInputEverySubcommand(t *testing.T) {
 		// rollback
 		{"rollback without arguments", []string{"rollback"}, exitUsage, "MOUNTPOINT|DIR"},
 		{"rollback with a bad --wait", []string{"rollback", "--keep", "--wait", "-", plain}, exitUsage, "wait"},
+		{"rollback with a negative --wait", []string{"rollback", "--keep", "--wait", "-1s", plain}, exitUsage, "--wait -1s is negative; give a duration of 0 or more"},
+		{"commit with a negative --wait", []string{"commit", "--wait", "-5m", plain}, exitUsage, "--wait -5m0s is negative; give a duration of 0 or more"},
 		{"rollback of a missing path", []string{"rollback", missing}, exitBadPath, "does not exist"},
 		{"rollback of a plain directory", []string{"rollback", plain}, exitNotSbxfs, "not an sbxfs mount or sandbox"},
 		{"rollback of an unknown id", []string{"rollback", unknownID}, exitNotSbxfs, "no sandbox " + unknownID},

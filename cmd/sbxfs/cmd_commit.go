@@ -41,7 +41,7 @@ one directory holds; its upper can be stacked as a lower layer instead).`,
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Usage: "commit `MSG`, kept in the commit record (and the git commit with --git)"},
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted over the updated original, with an empty sandbox"},
 			&cli.BoolFlag{Name: "force", Usage: "apply despite conflicts"},
-			&cli.DurationFlag{Name: "wait", Usage: "wait up to `DURATION` for files open for writing to close"},
+			&cli.DurationFlag{Name: "wait", Usage: "wait up to `DURATION` for files open for writing to close", Action: nonNegativeWait},
 			&cli.BoolFlag{Name: "git", Usage: "also make a git commit (message from -m) of exactly the committed paths, when the original is a git work tree (a renamed directory's files are recorded as renamed; FIFOs, sockets and devices are left out)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
@@ -218,6 +218,14 @@ func commitFailure(err error) error {
 // fsHint says what to do about a failure a file system gave sbxfs
 // (read-only, full, not permitted), "" for any other failure. The sandbox
 // keeps its changes through all of them.
+// nonNegativeWait refuses a negative --wait (a typo, not a wish).
+func nonNegativeWait(_ *cli.Context, d time.Duration) error {
+	if d < 0 {
+		return failf(exitUsage, "--wait %v is negative; give a duration of 0 or more (0: do not wait)", d)
+	}
+	return nil
+}
+
 func fsHint(err error) string {
 	const retry = "; then retry: the sandbox keeps its changes"
 	switch {

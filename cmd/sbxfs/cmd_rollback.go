@@ -20,7 +20,7 @@ mount still in use (a file open, a working directory in it) cannot be ended:
 the rollback then does nothing (exit 4); close what uses it, or use --keep.`,
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "keep", Usage: "stay mounted with an empty sandbox"},
-			&cli.DurationFlag{Name: "wait", Usage: "with --keep: wait up to `DURATION` for files open for writing to close"},
+			&cli.DurationFlag{Name: "wait", Usage: "with --keep: wait up to `DURATION` for files open for writing to close", Action: nonNegativeWait},
 		},
 		OnUsageError: onUsageError,
 		Action:       runRollback,
