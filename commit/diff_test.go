@@ -364,6 +364,42 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 	}
 }
 
+// TestListingsNameARemovalCarriedOffByANewDirectory: rm -r n0, then a new
+// n0/b exchanged with the original's e/f carries the removal records of
+// the original's n0/b/y with it, and n0/b/y's path takes e/f's lineage: a
+// change at n0/b/y names the removal of e/f/y (moved from there and
+// removed elsewhere). The original's n0/b/y is named by no change; the
+// walk of the original n0/b (replaced by a new directory) must list it,
+// and did not: the change at its path claimed it. Found by
+// TestDifferentialCommitKeep, seed 7 (diff --json coverage).
+func TestListingsNameARemovalCarriedOffByANewDirectory(t *testing.T) {
+	t.Parallel()
+	s := newDiffSandbox(t, map[string]string{"n0/b/y": "y\n", "n0/b/k": "k\n", "e/f/y": "ey\n", "e/f/k": "ek\n"})
+	for _, p := range []string{"n0/b/y", "n0/b/k", "n0/b", "n0"} {
+		s.remove(p) // rm -r n0
+	}
+	s.mkdir("n0")
+	s.mkdir("n0/b")
+	s.exchange("e/f", "n0/b")
+	s.rename("n0/b/y", "e/f/n3")
+	for _, p := range []string{"n0/b/k", "n0/b", "n0", "e/f/n3", "e/f", "e"} {
+		s.remove(p) // rm -r n0 e
+	}
+	s.mkdir("n0")
+	s.mkdir("n0/b")
+	cs := s.changes()
+	got, err := StatusListing(s.cfg, cs)
+	require.NoError(t, err)
+	assert.Equal(t, "D e, D e/f, D e/f/k, D e/f/y, A n0, A n0/b, D n0/b/k, D n0/b/y", statusLines(got), "status")
+	fds, err := DiffJSON(s.cfg, cs)
+	require.NoError(t, err)
+	var paths []string
+	for _, f := range fds {
+		paths = append(paths, f.Status+" "+f.Path)
+	}
+	assert.Equal(t, []string{"D e", "D e/f", "D e/f/k", "D e/f/y", "A n0", "A n0/b", "D n0/b/k", "D n0/b/y"}, paths, "diff --json")
+}
+
 // TestDiffOfATreeMadeAgain: rm -r g, then g made again with files at the
 // original's paths (git checkout, a build that cleans its output, npm
 // ci). The change set has the new g replace the original's whole, its

@@ -144,7 +144,7 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 	}
 	for _, c := range cs.Changes {
 		c = r.shown(c)
-		if old, ok := r.oldPathOf(c); ok && old == c.Path {
+		if old, ok := r.oldPathOf(c); ok && old == c.Path && !r.listedElsewhere(c) {
 			r.inPlace[old] = true
 		}
 	}
@@ -154,11 +154,31 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 		if r.movedInDeletion(c) {
 			continue
 		}
+		if r.listedElsewhere(c) {
+			r.olds[c.Original] = true
+			if c.Replaced != "" {
+				r.olds[c.Replaced] = true
+			}
+			continue
+		}
 		if old, ok := r.oldPathOf(c); ok {
 			r.olds[old] = true
 		}
 	}
 	return r, nil
+}
+
+// listedElsewhere reports whether the listing forms name c, a removal,
+// by original paths other than its own (Listing): the original's object
+// at c.Path, if any, is not the one c removed. A directory the sandbox
+// made and then moved (an exchange) carries off the removal records
+// beneath it, and the path it left takes another directory's lineage:
+// the change there names an object removed elsewhere, while the
+// original's object at that path went with its removed directory, which
+// the walk of that directory lists (TestListingsNameARemovalCarriedOff-
+// ByANewDirectory). The patch still reads c at its own path.
+func (r *diffReader) listedElsewhere(c layers.Change) bool {
+	return r.opts.listing && c.Kind == layers.Deleted && c.Original != "" && c.Original != c.Path
 }
 
 // findRecreated finds the files and symlinks the sandbox made beneath a

@@ -3,6 +3,8 @@ package tests
 import (
 	"fmt"
 	"io/fs"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,12 +14,14 @@ import (
 )
 
 // TestDifferentialCommitKeep commits in the middle of the run with
-// --keep, three times: each commit must give the original what the mount
-// showed, leave the sandbox empty (status: no changes) and the mount
-// showing the same tree, over which the run goes on. What the sandbox
-// made before a commit is the original's after it: a file it gave
-// several names is an original hard link then, which the next copy-up
-// parts (the link model is made again from the plain directory).
+// --keep, three times, or (one round in three) rolls back with --keep:
+// each commit must give the original what the mount showed, each
+// rollback leave it as it was, and either leave the sandbox empty
+// (status: no changes) and the mount showing the original, over which
+// the run goes on. What the sandbox made before a commit is the
+// original's after it: a file it gave several names is an original hard
+// link then, which the next copy-up parts (the link model is made again
+// from the plain directory).
 func TestDifferentialCommitKeep(t *testing.T) {
 	if cliBin == "" {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
@@ -34,22 +38,36 @@ func TestDifferentialCommitKeep(t *testing.T) {
 	const rounds = 3
 	for round := 1; round <= rounds; round++ {
 		r.run(n / (rounds + 1))
-		when := fmt.Sprintf("commit %d of %d", round, rounds)
+		op := "commit"
+		if r.rng.Intn(3) == 0 {
+			op = "rollback"
+		}
+		when := fmt.Sprintf("%s %d of %d", op, round, rounds)
 		r.compareTrees("before " + when)
-		r.closeFds() // files open for writing would make the commit busy
-		out, err := runTimeout(60*time.Second, cliBin, "commit", "--keep", r.sb.mnt)
+		r.closeFds() // files open for writing would make the mount busy
+		before := mustWalk(t, r.sb.orig, diffViewOpts)
+		out, err := runTimeout(60*time.Second, cliBin, op, "--keep", r.sb.mnt)
 		if err != nil {
 			st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
-			r.fail("", "%s: sbxfs commit --keep: %v\n%s\nsbxfs status:\n%s", when, err, out, st)
+			r.fail("", "%s: sbxfs %s --keep: %v\n%s\nsbxfs status:\n%s", when, op, err, out, st)
 		}
 		r.links.release()
-		want := mustWalk(t, r.ref, diffViewOpts)
+		if op == "rollback" {
+			r.history = append(r.history, fmt.Sprintf("%4d sbxfs rollback --keep: the plain directory made a copy of the original again", r.step))
+			r.resetRef()
+		} else {
+			r.history = append(r.history, fmt.Sprintf("%4d sbxfs commit --keep", r.step))
+		}
 		got, err := walkTree(r.sb.orig, diffViewOpts)
 		if err != nil {
 			t.Fatalf("walk the original: %v", err)
 		}
+		want := mustWalk(t, r.ref, diffViewOpts)
+		if op == "rollback" {
+			want = before
+		}
 		if d := diffTrees(want, got, 25); len(d) > 0 {
-			r.fail(diffAbout(d), "after %s the original differs from the plain directory (want = plain dir):\n  %s", when, strings.Join(d, "\n  "))
+			r.fail(diffAbout(d), "after %s the original differs from what it should hold (want):\n  %s", when, strings.Join(d, "\n  "))
 		}
 		st, err := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
 		if err != nil || string(st) != "no changes\n" {
@@ -60,9 +78,26 @@ func TestDifferentialCommitKeep(t *testing.T) {
 	}
 	r.run(n / (rounds + 1))
 	r.compareTrees("end")
+	r.closeFds()
+	if *flagDiffSnapshot != "" {
+		snapshotSandbox(t, r.sb, *flagDiffSnapshot)
+	}
 	r.checkPatch()
 	r.checkListing()
 	r.checkDiffCoverage()
+}
+
+// resetRef makes the plain directory a copy of the original again (hard
+// links kept), as a rollback makes the mount show it.
+func (r *diffRun) resetRef() {
+	r.t.Helper()
+	if err := os.RemoveAll(r.ref); err != nil {
+		r.t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", r.sb.orig, r.ref).CombinedOutput(); err != nil {
+		r.t.Fatalf("cp -a: %v\n%s", err, out)
+	}
+	r.dirty = true
 }
 
 // diffAbout names the paths of diffTrees' lines, for r.fail.
