@@ -76,7 +76,11 @@ func Changes(cfg Config) (ChangeSet, error) {
 
 // Changes computes the change set of this stack (see the function Changes).
 func (l *Layers) Changes() (ChangeSet, error) {
-	return l.changes(l.Journal().Records())
+	recs, err := l.Journal().Records()
+	if err != nil {
+		return ChangeSet{}, err
+	}
+	return l.changes(recs)
 }
 
 // touched replays the journal's namespace operations: which paths were

@@ -239,12 +239,11 @@ type Journal struct {
 	syncMu sync.Mutex // serialises Sync and Close; held across fdatasync
 	mu     sync.Mutex // guards the fields below; never held across fdatasync
 
-	fd        int      // -1 once closed
-	size      int64    // bytes of header and records in the file
-	recs      []Record // every record in the file
-	gen       uint64   // number of appends so far
-	syncedGen uint64   // gen covered by the last successful Sync
-	err       error    // sticky: the file or its durability is in doubt
+	fd        int    // -1 once closed
+	size      int64  // bytes of header and records in the file
+	gen       uint64 // number of appends so far
+	syncedGen uint64 // gen covered by the last successful Sync
+	err       error  // sticky: the file or its durability is in doubt
 }
 
 const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
@@ -253,8 +252,8 @@ const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_
 // 0600) with its header when absent. path itself must not be a symlink. An
 // existing journal is checked (ErrJournalMagic, ErrJournalVersion) and
 // scanned; a torn or corrupt tail, everything from the first bad record on,
-// is truncated away. Records returns what was read. A second OpenJournal of
-// the same file, in any process, fails with EWOULDBLOCK until Close.
+// is truncated away. A second OpenJournal of the same file, in any
+// process, fails with EWOULDBLOCK until Close.
 func OpenJournal(path string) (*Journal, error) {
 	fd, err := unix.Open(path, journalOpenFlags|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if errors.Is(err, unix.EEXIST) {
@@ -285,7 +284,7 @@ func (j *Journal) load() error {
 	if isTornHeader(data) {
 		return j.writeHeader()
 	}
-	recs, valid, err := DecodeJournal(data)
+	_, valid, err := DecodeJournal(data)
 	if err != nil {
 		return err
 	}
@@ -302,7 +301,7 @@ func (j *Journal) load() error {
 			return fmt.Errorf("sync after truncating the tail: %w", err)
 		}
 	}
-	j.recs, j.size = recs, int64(valid)
+	j.size = int64(valid)
 	return nil
 }
 
@@ -366,7 +365,6 @@ func (j *Journal) Append(r Record) error {
 	if err := j.write(buf); err != nil {
 		return fmt.Errorf("journal %q: append %s %q: %w", j.path, r.Op, r.Path, err)
 	}
-	j.recs = append(j.recs, r)
 	j.gen++
 	return nil
 }
@@ -433,12 +431,28 @@ func (j *Journal) syncLocked() error {
 	return nil
 }
 
-// Records returns a copy of every record of the journal: those read by
-// OpenJournal and those appended since.
-func (j *Journal) Records() []Record {
+// Records reads every record of the journal back from its file: those
+// there when OpenJournal read it and those appended since. The records
+// are not kept in memory: a serving process appends for as long as it
+// runs (a build that makes and renames files all day), and holding each
+// record took ~350 bytes of it (a 12 MB journal of 300,000 records grew
+// its RSS from 15 to 122 MB). Only the change set read in process needs
+// them.
+func (j *Journal) Records() ([]Record, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return slices.Clone(j.recs)
+	if j.fd < 0 {
+		return ReadJournal(j.path)
+	}
+	data, err := readJournalFd(j.fd)
+	if err != nil {
+		return nil, fmt.Errorf("read journal %q: %w", j.path, err)
+	}
+	recs, _, err := DecodeJournal(data[:min(int64(len(data)), j.size)])
+	if err != nil {
+		return nil, fmt.Errorf("read journal %q: %w", j.path, err)
+	}
+	return recs, nil
 }
 
 // Close syncs the journal and closes it, releasing its lock. Records still

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -77,11 +78,11 @@ func TestJournalRoundTrip(t *testing.T) {
 	t.Parallel()
 	j, path := newJournal(t)
 	want := oddRecords()
-	assert.Empty(t, j.Records())
+	assert.Empty(t, records(t, j))
 	for _, r := range want {
 		require.NoError(t, j.Append(r))
 	}
-	assert.Equal(t, want, j.Records())
+	assert.Equal(t, want, records(t, j))
 	require.NoError(t, j.Sync())
 
 	got, err := ReadJournal(path)
@@ -92,7 +93,7 @@ func TestJournalRoundTrip(t *testing.T) {
 	j2, err := OpenJournal(path)
 	require.NoError(t, err)
 	defer j2.Close()
-	assert.Equal(t, want, j2.Records(), "reopened")
+	assert.Equal(t, want, records(t, j2), "reopened")
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, encodeJournal(want), data, "file bytes")
@@ -108,7 +109,7 @@ func TestJournalReopenAppends(t *testing.T) {
 	for round := range 3 {
 		j, err := OpenJournal(path)
 		require.NoError(t, err)
-		assert.Equal(t, want, j.Records(), "round %d", round)
+		assert.Equal(t, want, records(t, j), "round %d", round)
 		for i := range 4 {
 			r := Record{Op: OpWrite, Path: fmt.Sprintf("r%d/f%d", round, i), Time: time.Unix(int64(round), int64(i)).UTC()}
 			require.NoError(t, j.Append(r))
@@ -127,7 +128,7 @@ func TestJournalAppendNormalizes(t *testing.T) {
 	loc := time.FixedZone("X", 3600)
 	require.NoError(t, j.Append(Record{Op: OpMkdir, Path: "zero time"}))
 	require.NoError(t, j.Append(Record{Op: OpMkdir, Path: "local", Time: time.Date(2024, 1, 2, 3, 4, 5, 6, loc)}))
-	recs := j.Records()
+	recs := records(t, j)
 	require.Len(t, recs, 2)
 	assert.WithinDuration(t, time.Now(), recs[0].Time, time.Minute)
 	assert.Equal(t, time.UTC, recs[0].Time.Location())
@@ -158,7 +159,7 @@ func TestJournalAppendRejects(t *testing.T) {
 	after, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, before, after, "file unchanged")
-	assert.Len(t, j.Records(), 1)
+	assert.Len(t, records(t, j), 1)
 }
 
 func TestJournalClosed(t *testing.T) {
@@ -169,7 +170,7 @@ func TestJournalClosed(t *testing.T) {
 	assert.ErrorIs(t, j.Append(Record{Op: OpCreate, Path: "b"}), os.ErrClosed)
 	assert.ErrorIs(t, j.Sync(), os.ErrClosed)
 	assert.ErrorIs(t, j.Close(), os.ErrClosed)
-	assert.Len(t, j.Records(), 1)
+	assert.Len(t, records(t, j), 1)
 }
 
 func TestJournalSyncOnlyWhenDirty(t *testing.T) {
@@ -262,7 +263,7 @@ func checkRecovers(t *testing.T, path string, want []Record, msg string) {
 	t.Helper()
 	j, err := OpenJournal(path)
 	require.NoError(t, err, msg)
-	assert.Equal(t, want, j.Records(), msg)
+	assert.Equal(t, want, records(t, j), msg)
 	extra := Record{Op: OpUnlink, Path: "after recovery", Time: time.Unix(99, 0).UTC()}
 	require.NoError(t, j.Append(extra), msg)
 	require.NoError(t, j.Close(), msg)
@@ -421,7 +422,8 @@ func TestJournalConcurrentAppend(t *testing.T) {
 				assert.NoError(t, j.Append(r))
 				if i%10 == 0 {
 					assert.NoError(t, j.Sync())
-					_ = j.Records()
+					_, err := j.Records()
+					assert.NoError(t, err)
 				}
 			}
 		})
@@ -431,7 +433,7 @@ func TestJournalConcurrentAppend(t *testing.T) {
 	got, err := ReadJournal(path)
 	require.NoError(t, err)
 	require.Len(t, got, writers*each)
-	assert.Equal(t, j.Records(), got, "file order equals in-memory order")
+	assert.Equal(t, records(t, j), got, "Records after Close reads the file")
 	seen := map[string]bool{}
 	for _, r := range got {
 		seen[r.Path] = true
@@ -457,4 +459,41 @@ func FuzzDecodeJournal(f *testing.F) {
 		require.LessOrEqual(t, valid, len(data))
 		assert.Equal(t, data[:valid], encodeJournal(recs), "re-encoding reproduces the valid prefix")
 	})
+}
+
+// records is j.Records for a test: an error fails it.
+func records(t testing.TB, j *Journal) []Record {
+	t.Helper()
+	recs, err := j.Records()
+	require.NoError(t, err)
+	return recs
+}
+
+// TestJournalKeepsNoRecordsInMemory: appended records live in the file
+// only. A server appends for as long as it runs; with every record also
+// kept in memory, 300,000 of them (a build making and renaming files)
+// took its RSS from 15 to 122 MB. 100,000 records of 60 bytes would hold
+// ~12 MB of heap; the journal may keep well under 2.
+func TestJournalKeepsNoRecordsInMemory(t *testing.T) {
+	j, err := OpenJournal(filepath.Join(t.TempDir(), "journal"))
+	require.NoError(t, err)
+	defer j.Close()
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	const n = 100_000
+	for i := range n {
+		require.NoError(t, j.Append(Record{Op: OpRename, Path: fmt.Sprintf("some/dir/tmp-%08d", i), Path2: fmt.Sprintf("some/dir/out-%08d", i)}))
+	}
+	after := heap()
+	grew := int64(after) - int64(before)
+	assert.Less(t, grew, int64(2<<20), "the heap grew by %d bytes over %d appends", grew, n)
+	recs, err := j.Records()
+	require.NoError(t, err)
+	require.Len(t, recs, n)
+	assert.Equal(t, "some/dir/out-00099999", recs[n-1].Path2, "read back from the file")
 }
