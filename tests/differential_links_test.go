@@ -125,7 +125,9 @@ func (m *linkModel) hold(rel string) string {
 
 // part gives rel a file of its own, as a copy-up in the sandbox does. The
 // returned func puts the shared file back when the operation failed: the
-// sandbox checks what would make it fail before it copies up.
+// sandbox checks what would make it fail before it copies up (unless a
+// step of an operation of several wrote the copy before another failed:
+// then the sandbox copied it up as well, and the copy stays).
 func (m *linkModel) part(rel string, nofollow bool) func(failed bool) {
 	if !nofollow {
 		var ok bool
@@ -151,8 +153,14 @@ func (m *linkModel) part(rel string, nofollow bool) func(failed bool) {
 		if !failed {
 			return
 		}
-		var st unix.Stat_t
+		var st, held unix.Stat_t
 		if unix.Lstat(p, &st) == nil && !m.inos[st.Ino] && st.Nlink == 1 {
+			if unix.Lstat(h, &held) == nil && (st.Size != held.Size || st.Mtim != held.Mtim) {
+				// An operation of several steps (remaking a tree)
+				// wrote the copy before a later step failed: the
+				// sandbox copied it up for that write too.
+				return
+			}
 			if err := os.Rename(h, p); err != nil { // the copy goes
 				m.t.Fatal(err)
 			}
