@@ -2,15 +2,11 @@ package tests
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestDifferentialCommitKeep commits in the middle of the run with
@@ -111,29 +107,13 @@ func diffAbout(d []string) string {
 	return strings.Join(about, " ")
 }
 
-// relink makes the link model again after a commit: every file of the
-// plain directory with several names is an original hard link now.
+// relink makes the link model again after a commit or a rollback: every
+// file of the plain directory with several names is an original hard link
+// now.
 func (r *diffRun) relink() {
 	if r.links == nil { // the sandbox may have made links since
 		r.links = newLinkModel(r.t, r.ref)
 		return
 	}
-	r.links.holder = r.t.TempDir()
-	r.links.inos = map[uint64]bool{}
-	err := filepath.WalkDir(r.ref, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		if st.Nlink > 1 {
-			r.links.inos[st.Ino] = true
-		}
-		return nil
-	})
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	r.links.scan()
 }

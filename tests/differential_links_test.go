@@ -62,8 +62,20 @@ type linkModel struct {
 }
 
 func newLinkModel(t *testing.T, ref string) *linkModel {
-	m := &linkModel{t: t, ref: ref, holder: t.TempDir(), inos: map[uint64]bool{}}
-	err := filepath.WalkDir(ref, func(p string, d fs.DirEntry, err error) error {
+	m := &linkModel{t: t, ref: ref}
+	m.scan()
+	t.Cleanup(func() {
+		t.Logf("hard links of the original: %d names parted by a copy-up, %d removed or replaced", m.parted, m.dropped)
+	})
+	return m
+}
+
+// scan takes every file of the plain directory with several names for an
+// original hard link, with an empty holder: at the start, and after a
+// commit (what the sandbox linked is the original's then).
+func (m *linkModel) scan() {
+	m.holder, m.inos = m.t.TempDir(), map[uint64]bool{}
+	err := filepath.WalkDir(m.ref, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -77,12 +89,8 @@ func newLinkModel(t *testing.T, ref string) *linkModel {
 		return nil
 	})
 	if err != nil {
-		t.Fatal(err)
+		m.t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		t.Logf("hard links of the original: %d names parted by a copy-up, %d removed or replaced", m.parted, m.dropped)
-	})
-	return m
 }
 
 // unparted returns the inode at rel when it is a name of an original

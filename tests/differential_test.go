@@ -347,13 +347,7 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 		}
 	}
 	if d := diffTrees(want, got, 25); len(d) > 0 {
-		var about []string
-		for _, l := range d {
-			if p, _, ok := strings.Cut(l, ": "); ok {
-				about = append(about, fmt.Sprintf("%q", strings.TrimPrefix(p, "/")))
-			}
-		}
-		r.fail(strings.Join(about, " "), "after commit the original differs from the plain directory (want = plain dir):\n  %s", strings.Join(d, "\n  "))
+		r.fail(diffAbout(d), "after commit the original differs from the plain directory (want = plain dir):\n  %s", strings.Join(d, "\n  "))
 	}
 	wantLinks, err := linkGroups(r.ref)
 	if err != nil {
@@ -656,13 +650,7 @@ func (r *diffRun) compareTrees(when string) {
 		r.fail("", "%s: walk the mount: %v", when, err)
 	}
 	if d := diffTrees(want, got, 25); len(d) > 0 {
-		var about []string
-		for _, l := range d {
-			if p, _, ok := strings.Cut(l, ": "); ok {
-				about = append(about, fmt.Sprintf("%q", strings.TrimPrefix(p, "/")))
-			}
-		}
-		r.fail(strings.Join(about, " "), "%s: the mount differs from the plain directory (want = plain dir):\n  %s", when, strings.Join(d, "\n  "))
+		r.fail(diffAbout(d), "%s: the mount differs from the plain directory (want = plain dir):\n  %s", when, strings.Join(d, "\n  "))
 	}
 }
 
