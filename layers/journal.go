@@ -169,6 +169,23 @@ func DecodeJournal(data []byte) (recs []Record, validLen int, err error) {
 	}
 }
 
+// scanJournal is DecodeJournal's validLen and err without the records:
+// OpenJournal checks a journal without holding a copy of it (a long-lived
+// sandbox's journal runs to millions of records).
+func scanJournal(data []byte) (validLen int, err error) {
+	if err := checkJournalHeader(data); err != nil {
+		return 0, err
+	}
+	off := journalHeaderLen
+	for {
+		_, n, ok := checkRecord(data[off:])
+		if !ok {
+			return off, nil
+		}
+		off += n
+	}
+}
+
 // checkJournalHeader checks magic, then version (before the checksum: a
 // future version may lay out the rest of its header differently), then CRC.
 func checkJournalHeader(data []byte) error {
@@ -187,21 +204,40 @@ func checkJournalHeader(data []byte) error {
 	return nil
 }
 
-// decodeRecord decodes the record at the start of b and returns it with its
-// encoded length; ok is false if b does not start with a whole valid record.
-func decodeRecord(b []byte) (r Record, n int, ok bool) {
+// checkRecord checks that b starts with a whole valid record and returns
+// its payload and encoded length.
+func checkRecord(b []byte) (p []byte, n int, ok bool) {
 	if len(b) < recordHeaderLen {
-		return r, 0, false
+		return nil, 0, false
 	}
 	plen := binary.LittleEndian.Uint32(b)
 	if plen < recordFixedLen || plen > maxRecordPayload || uint64(plen) > uint64(len(b)-recordHeaderLen) {
-		return r, 0, false
+		return nil, 0, false
 	}
-	p := b[recordHeaderLen : recordHeaderLen+int(plen)]
+	p = b[recordHeaderLen : recordHeaderLen+int(plen)]
 	if crc32.Checksum(p, journalCRC) != binary.LittleEndian.Uint32(b[4:]) {
-		return r, 0, false
+		return nil, 0, false
 	}
 	if !Op(p[0]).valid() {
+		return nil, 0, false
+	}
+	rest := p[17:]
+	for range 2 { // Path, Path2
+		if _, rest, ok = cutString(rest); !ok {
+			return nil, 0, false
+		}
+	}
+	if len(rest) != 0 {
+		return nil, 0, false
+	}
+	return p, recordHeaderLen + int(plen), true
+}
+
+// decodeRecord decodes the record at the start of b and returns it with its
+// encoded length; ok is false if b does not start with a whole valid record.
+func decodeRecord(b []byte) (r Record, n int, ok bool) {
+	p, n, ok := checkRecord(b)
+	if !ok {
 		return r, 0, false
 	}
 	r = Record{
@@ -210,26 +246,22 @@ func decodeRecord(b []byte) (r Record, n int, ok bool) {
 		Pid:   binary.LittleEndian.Uint32(p[9:]),
 		Flags: binary.LittleEndian.Uint32(p[13:]),
 	}
-	rest := p[17:]
-	if r.Path, rest, ok = cutString(rest); !ok {
-		return Record{}, 0, false
-	}
-	if r.Path2, rest, ok = cutString(rest); !ok || len(rest) != 0 {
-		return Record{}, 0, false
-	}
-	return r, recordHeaderLen + int(plen), true
+	path, rest, _ := cutString(p[17:])
+	path2, _, _ := cutString(rest)
+	r.Path, r.Path2 = string(path), string(path2)
+	return r, n, true
 }
 
-// cutString decodes a u32 length and that many bytes from the start of b.
-func cutString(b []byte) (s string, rest []byte, ok bool) {
+// cutString cuts a u32 length and that many bytes from the start of b.
+func cutString(b []byte) (s []byte, rest []byte, ok bool) {
 	if len(b) < 4 {
-		return "", nil, false
+		return nil, nil, false
 	}
 	n := binary.LittleEndian.Uint32(b)
 	if uint64(n) > uint64(len(b)-4) {
-		return "", nil, false
+		return nil, nil, false
 	}
-	return string(b[4 : 4+n]), b[4+n:], true
+	return b[4 : 4+n], b[4+n:], true
 }
 
 // Journal is an open change journal, appended to by one process (OpenJournal
@@ -284,7 +316,7 @@ func (j *Journal) load() error {
 	if isTornHeader(data) {
 		return j.writeHeader()
 	}
-	_, valid, err := DecodeJournal(data)
+	valid, err := scanJournal(data)
 	if err != nil {
 		return err
 	}

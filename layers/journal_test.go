@@ -451,6 +451,9 @@ func FuzzDecodeJournal(f *testing.F) {
 	f.Add([]byte(journalMagic))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		recs, valid, err := DecodeJournal(data)
+		scanned, serr := scanJournal(data)
+		assert.Equal(t, valid, scanned, "OpenJournal's scan keeps what a reader decodes")
+		assert.Equal(t, err == nil, serr == nil)
 		if err != nil {
 			assert.Zero(t, valid)
 			assert.Empty(t, recs)
