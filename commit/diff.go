@@ -122,9 +122,22 @@ func eachDiffPair(cfg layers.Config, cs layers.ChangeSet, opts pairOpts, fn func
 			dirs[p] = true
 		}
 	}
+	deleted := map[string]bool{} // the original paths the patch deletes by a removal
 	for _, c := range changes {
 		if opts.patch && r.movedInDeletion(c) {
 			continue
+		}
+		if old, ok := r.oldPathOf(c); opts.patch && ok && c.Kind == layers.Deleted {
+			// The change set may name the removal of one original
+			// object at two paths: where it was removed, and an old
+			// path of it that took the lineage of the directory above
+			// (mv x y; mv y/d z; mkdir y/d; a file made at y/d/f and
+			// removed; rm z/f: x/d/f at z/f and at y/d/f). git apply
+			// refuses a second deletion of a path.
+			if deleted[old] {
+				continue
+			}
+			deleted[old] = true
 		}
 		d, err := r.pair(c, dirs[c.Path])
 		if err != nil {

@@ -451,6 +451,40 @@ func TestDiffOfATreeMadeAgain(t *testing.T) {
 	assert.Equal(t, snapshot(t, want), snapshot(t, work))
 }
 
+// TestPatchDeletesAnObjectRemovedUnderTwoNamesOnce: mv x y; mv y/d z;
+// mkdir y/d; a file made at y/d/f and removed; rm z/f. The change set
+// names the removal of the original's x/d/f twice: at z/f, where it was
+// removed, and at y/d/f, whose record takes y's lineage (x) since the
+// new y/d has none of its own. The patch deleted x/d/f twice and git
+// apply refused it ("has been renamed/deleted"); it deletes it once
+// (TestDifferentialCommitKeep, seed 176176858 with -diff.churn).
+func TestPatchDeletesAnObjectRemovedUnderTwoNamesOnce(t *testing.T) {
+	t.Parallel()
+	files := map[string]string{"x/d/f": "f\n", "x/d/k": "k\n", "x/keep": "x\n"}
+	s := newDiffSandbox(t, files)
+	s.rename("x", "y")
+	s.rename("y/d", "z")
+	s.mkdir("y/d")
+	s.create("y/d/f", "new\n")
+	s.remove("y/d/f")
+	s.remove("z/f")
+	cs := s.changes()
+	patch := s.diff(DiffOptions{Binary: true})
+	assert.Equal(t, 1, strings.Count(patch, "diff --git a/x/d/f b/x/d/f"), "x/d/f deleted once:\n%s", patch)
+	work := t.TempDir()
+	writeTestFiles(t, work, files)
+	cmd := exec.Command("git", "apply", "-")
+	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
+	want := t.TempDir()
+	writeTestFiles(t, want, map[string]string{"y/keep": "x\n", "z/k": "k\n"}) // (git apply makes no empty directory)
+	assert.Equal(t, snapshot(t, want), snapshot(t, work))
+	got, err := StatusListing(s.cfg, cs)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(statusLines(got), "D x/d/f"), statusLines(got))
+}
+
 // TestListingNamesTheDirectoriesADroppedTreeHad: the listing forms name
 // each directory of the original that went with a replaced one and that
 // no entry names (as rm -r lists each), not only its files: h made again,
