@@ -170,12 +170,11 @@ func openDiffReader(cfg layers.Config, cs layers.ChangeSet, opts pairOpts) (*dif
 
 // listedElsewhere reports whether the listing forms name c, a removal,
 // by original paths other than its own (Listing): the original's object
-// at c.Path, if any, is not the one c removed. A directory the sandbox
-// made and then moved (an exchange) carries off the removal records
-// beneath it, and the path it left takes another directory's lineage:
-// the change there names an object removed elsewhere, while the
-// original's object at that path went with its removed directory, which
-// the walk of that directory lists (TestListingsNameARemovalCarriedOff-
+// at c.Path, if any, is not the one c removed. After rm -r n0; mkdir -p
+// n0/b; an exchange of e/f and n0/b; mv n0/b/y e/f/n3, the change at
+// n0/b/y removes e/f/y (the exchange brought it there), while the
+// original's own n0/b/y went with the original n0/b, which the walk of
+// that replaced directory lists (TestListingsNameARemovalCarriedOff-
 // ByANewDirectory). The patch still reads c at its own path.
 func (r *diffReader) listedElsewhere(c layers.Change) bool {
 	return r.opts.listing && c.Kind == layers.Deleted && c.Original != "" && c.Original != c.Path
