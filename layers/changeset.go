@@ -109,7 +109,6 @@ type touched struct {
 	// paths something was moved to from an original path (movedAway).
 	movedFrom map[string][]string
 	dirs      dirCache
-	lowerDirs lowerDirCache
 	// linked holds the paths classify found an upper non-directory at
 	// with more than one link, in order: the names linkGroups groups
 	// (every other path has one name, and is not looked at again).
@@ -120,8 +119,7 @@ type touched struct {
 
 func replay(recs []Record) *touched {
 	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
-		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]uint32{}, dirs: dirCache{},
-		lowerDirs: lowerDirCache{}}
+		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]uint32{}, dirs: dirCache{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
@@ -489,7 +487,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if inOv {
 		cp = t.counterpartHere(p)
 	}
-	lo, inLo, err := l.resolveLowerIn(t.lowerDirs, cp)
+	lo, inLo, err := l.resolveLower(cp)
 	if err != nil {
 		return Change{}, false, err
 	}
@@ -541,7 +539,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			// Deleted beneath a directory made in the sandbox: the
 			// original's object at the same path, if any, went with the
 			// directory it replaced.
-			if lo, inLo, err = l.resolveLowerIn(t.lowerDirs, p); err != nil {
+			if lo, inLo, err = l.resolveLower(p); err != nil {
 				return Change{}, false, err
 			}
 		}
@@ -562,7 +560,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 				in, ok, err := l.lowerInPlace(t.dirs, p)
 				if err == nil && !ok {
 					dir, name := Split(p)
-					in, ok, err = l.resolveLowerIn(t.lowerDirs, Join(t.counterpart(dir), name))
+					in, ok, err = l.resolveLower(Join(t.counterpart(dir), name))
 				}
 				if err != nil {
 					return c, false, err
@@ -665,7 +663,7 @@ func (l *Layers) noteDropped(p string, t *touched) error {
 	if q == p || strings.HasPrefix(q, madeHere) {
 		return nil
 	}
-	lo, ok, err := l.resolveLowerIn(t.lowerDirs, q)
+	lo, ok, err := l.resolveLower(q)
 	if err != nil || !ok || l.movedAway(q, p, t) {
 		return err
 	}
@@ -903,65 +901,22 @@ func (l *Layers) lowerInPlace(dirs dirCache, p string) (*lowerHit, bool, error) 
 // resolveLower looks p up in the lower layers only: the original. A
 // counterpart beneath madeHere is in no original.
 func (l *Layers) resolveLower(p string) (*lowerHit, bool, error) {
-	return l.resolveLowerIn(nil, p)
-}
-
-// lowerDirCache holds the original's directories one change set looked
-// up: the lower directories merged at each, or none (absent, or not a
-// directory). Its paths share their parents, and the original does not
-// change while the change set is read (ErrOriginalChanging).
-type lowerDirCache map[string][]Origin
-
-// resolveLowerIn is resolveLower with the directories on the way taken
-// from, and added to, dirs (nil: none kept).
-func (l *Layers) resolveLowerIn(dirs lowerDirCache, p string) (*lowerHit, bool, error) {
-	if strings.HasPrefix(p, madeHere) || p == "" {
+	if strings.HasPrefix(p, madeHere) {
 		return nil, false, nil
 	}
-	dir, name := Split(p)
-	merged, err := l.lowerDirsIn(dirs, dir)
-	if err != nil || len(merged) == 0 {
-		return nil, false, err
-	}
-	first, _, err := l.stepLowers(merged, name, false)
-	if err != nil || first == nil {
-		return nil, false, err
-	}
-	return first, true, nil
-}
-
-// lowerDirsIn returns the lower directories merged at the original's
-// directory d, none when the original has no directory there.
-func (l *Layers) lowerDirsIn(dirs lowerDirCache, d string) ([]Origin, error) {
-	if merged, ok := dirs[d]; ok {
-		return merged, nil
-	}
-	if d == "" {
-		roots := l.lowerRoots(0)
-		if dirs != nil {
-			dirs[d] = roots
+	cur := l.lowerRoots(0)
+	names := splitRel(p)
+	for i, name := range names {
+		first, dirs, err := l.stepLowers(cur, name, false)
+		if err != nil || first == nil {
+			return nil, false, err
 		}
-		return roots, nil
-	}
-	parent, name := Split(d)
-	above, err := l.lowerDirsIn(dirs, parent)
-	if err != nil {
-		return nil, err
-	}
-	var merged []Origin
-	if len(above) > 0 {
-		first, under, err := l.stepLowers(above, name, false)
-		if err != nil {
-			return nil, err
+		if i == len(names)-1 {
+			return first, true, nil
 		}
-		if first != nil && first.st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			merged = under
-		}
+		cur = dirs
 	}
-	if dirs != nil {
-		dirs[d] = merged
-	}
-	return merged, nil
+	return nil, false, nil
 }
 
 // TypeName is the type word of a mode, as in Change.Type.
