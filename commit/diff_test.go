@@ -439,12 +439,7 @@ func TestDiffOfATreeMadeAgain(t *testing.T) {
 	patch := s.diff(DiffOptions{Binary: true})
 	assert.Contains(t, patch, "diff --git a/g/f b/g/f\n--- a/g/f\n+++ b/g/f\n@@ -1 +1 @@\n-one\n+remade\n")
 	assert.Equal(t, 1, strings.Count(patch, "deleted file mode"), "g/old only, once:\n%s", patch)
-	work := t.TempDir()
-	writeTestFiles(t, work, files)
-	cmd := exec.Command("git", "apply", "-")
-	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
+	work := appliedPatch(t, files, patch)
 	want := t.TempDir()
 	writeTestFiles(t, want, map[string]string{"g/f": "remade\n", "g/n/f": "two\n", "g/same": "same\n", "g/ln": "-> n/f",
 		"m/x": "new x\n", "m2/x": "x\n", "keep": "k\n"})
@@ -471,18 +466,26 @@ func TestPatchDeletesAnObjectRemovedUnderTwoNamesOnce(t *testing.T) {
 	cs := s.changes()
 	patch := s.diff(DiffOptions{Binary: true})
 	assert.Equal(t, 1, strings.Count(patch, "diff --git a/x/d/f b/x/d/f"), "x/d/f deleted once:\n%s", patch)
-	work := t.TempDir()
-	writeTestFiles(t, work, files)
-	cmd := exec.Command("git", "apply", "-")
-	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
+	work := appliedPatch(t, files, patch)
 	want := t.TempDir()
 	writeTestFiles(t, want, map[string]string{"y/keep": "x\n", "z/k": "k\n"}) // (git apply makes no empty directory)
 	assert.Equal(t, snapshot(t, want), snapshot(t, work))
 	got, err := StatusListing(s.cfg, cs)
 	require.NoError(t, err)
 	assert.Equal(t, 1, strings.Count(statusLines(got), "D x/d/f"), statusLines(got))
+}
+
+// appliedPatch applies patch with git apply to a new directory holding
+// files, and returns that directory.
+func appliedPatch(t *testing.T, files map[string]string, patch string) string {
+	t.Helper()
+	work := t.TempDir()
+	writeTestFiles(t, work, files)
+	cmd := exec.Command("git", "apply", "-")
+	cmd.Dir, cmd.Stdin = work, strings.NewReader(patch)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "git apply: %s\npatch:\n%s", out, patch)
+	return work
 }
 
 // TestListingNamesTheDirectoriesADroppedTreeHad: the listing forms name
