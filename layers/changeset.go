@@ -308,6 +308,9 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 		}
 	}
 	l.linkGroups(&cs, t.linked, t.dirs)
+	if err := l.checkDirs(t.dirs); err != nil {
+		return cs, err
+	}
 	// A rename's source is gone by the rename itself.
 	renamedFrom := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -491,6 +494,11 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if err != nil {
 		return Change{}, false, err
 	}
+	if inOv && ov.Upper && ov.IsDir() {
+		if err := l.checkMerged(p, &ov, cp, lo, inLo); err != nil {
+			return Change{}, false, err
+		}
+	}
 	if seen := t.seen[cp]; seen != 0 && (!inLo || lo.st.Mode&unix.S_IFMT != seen&unix.S_IFMT) {
 		// The sandbox saw the original's object at cp (it recorded its
 		// base), which the original no longer shows (nothing there, or
@@ -648,6 +656,61 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	}
 	c.Kind = kind
 	return c, true, nil
+}
+
+// checkMerged checks that the upper directory ov at p merges the
+// original's directory its attributes name (lowerPathOf) exactly when the
+// original has a directory there now. The overlay lookup of p and the
+// lookup of its original are made one after the other, and another
+// process may swap a directory of the original for a moment (for a
+// symlink, say) between the two: the sandbox's copy of a directory it
+// moved would then read as a new directory, which the commit would put in
+// place of the original's, removing everything in it the sandbox never
+// touched (seen under TestHostileSymlinkSwapDuringCommit). Such a read
+// is read again (ErrOriginalChanging). lo and inLo are cp's original,
+// just looked up.
+func (l *Layers) checkMerged(p string, ov *Entry, cp string, lo *lowerHit, inLo bool) error {
+	x, ok := l.lowerPathOf(p)
+	if !ok || p == "" {
+		return nil
+	}
+	if x != cp {
+		var err error
+		if lo, inLo, err = l.resolveLower(x); err != nil {
+			return err
+		}
+	}
+	if now := inLo && lo.st.Mode&unix.S_IFMT == unix.S_IFDIR; now != l.cameFrom(ov, x) {
+		return fmt.Errorf("%w: %s", ErrOriginalChanging, p)
+	}
+	return nil
+}
+
+// checkDirs checks the overlay directories the read kept (dirs) against
+// the original as it is now: a directory on the way looked up while the
+// original's was away for a moment (or there for a moment) answered every
+// lookup beneath it from that moment. A directory of the upper merges
+// the original's its attributes name exactly when the original has it; one
+// the original alone shows is still a directory there.
+func (l *Layers) checkDirs(dirs dirCache) error {
+	for p, e := range dirs {
+		switch {
+		case p == "":
+		case e.Upper:
+			if err := l.checkMerged(p, &e, "", nil, false); err != nil {
+				return err
+			}
+		case len(e.Lowers) > 0:
+			lo, ok, err := l.resolveLower(e.Lowers[0].Path)
+			if err != nil {
+				return err
+			}
+			if !ok || lo.st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return fmt.Errorf("%w: %s", ErrOriginalChanging, p)
+			}
+		}
+	}
+	return nil
 }
 
 // noteDropped records in t.dropped the removal of the original object

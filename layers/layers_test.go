@@ -771,3 +771,72 @@ func TestChangeSetRemovalWhereANewObjectStands(t *testing.T) {
 		{Path: "m/f", Kind: Created, Type: "file"},
 	}, cs.Listing())
 }
+
+// TestChangeSetRenamedDirectorySwappedWhileRead: the sandbox moved d/sub
+// to d/moved and d to renamed; the original's d is away (swapped for a
+// symlink by another process) while the change set looks renamed/moved
+// up in the overlay, and back when it looks up renamed/moved's original.
+// The change set must still say renamed/moved is d/sub moved: read as a
+// new directory, the commit made an empty one and removed d/sub with
+// every file in it (seen under `TestHostileSymlinkSwapDuringCommit`);
+// with d away while renamed was looked up, it removed d and made renamed
+// anew, without d/f.
+func TestChangeSetRenamedDirectorySwappedWhileRead(t *testing.T) {
+	s := newStack(t, map[string]string{"d/f": "f", "d/sub/g": "g", "d/sub/h": "h", "e": "e"})
+	s.createEmpty("d/sub", "n")
+	mode := uint32(0o700)
+	o := s.dir("d/sub")
+	_, err := s.Setattr("d/sub", &o, -1, SetAttr{Mode: &mode}, s.c)
+	require.NoError(t, err)
+	var moved Obj
+	require.NoError(t, s.Rename("d", s.dir("d"), "sub", &moved, "d", s.dir("d"), "moved", 0, s.c))
+	require.NoError(t, s.Rename("", s.dir(""), "d", &moved, "", s.dir(""), "renamed", 0, s.c))
+	want := s.changeLines()
+	assert.Equal(t, []string{"renamed renamed d", "renamed renamed/moved d/sub", "created renamed/moved/n "}, want)
+
+	swapWhileRead(t, s, "d", want, "renamed", "renamed/moved")
+
+	// A directory on the way that no change names: looked up (and kept
+	// for the lookups beneath it) while away, its file read as new.
+	s = newStack(t, map[string]string{"a/b/c": "c", "a/b/e": "e"})
+	s.write("a/b/c", "changed")
+	want = s.changeLines()
+	assert.Equal(t, []string{"modified a/b/c "}, want)
+	swapWhileRead(t, s, "a", want, "a/b/c")
+}
+
+// swapWhileRead reads s's change set with the original's dir swapped
+// for a symlink from the start of the read until the lookup of the path
+// away in the overlay is done, once for each path, and checks it reads
+// as want (the retry, if any, reads a still original).
+func swapWhileRead(t *testing.T, s *stack, dir string, want []string, aways ...string) {
+	cfg := Config{Upper: s.upper, Work: s.work, Lowers: s.lowers}
+	d := filepath.Join(s.lower, dir)
+	for _, away := range aways {
+		t.Run(away, func(t *testing.T) {
+			swapped := false
+			testHookRead = func() {
+				if !swapped {
+					require.NoError(t, os.Symlink(t.TempDir(), d+".swap"))
+					require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, d+".swap", unix.RENAME_EXCHANGE))
+				}
+			}
+			testHookResolved = func(p string) {
+				if p == away && !swapped {
+					swapped = true
+					require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d, unix.AT_FDCWD, d+".swap", unix.RENAME_EXCHANGE))
+					require.NoError(t, os.Remove(d+".swap"))
+				}
+			}
+			t.Cleanup(func() { testHookRead, testHookResolved = nil, nil })
+			cs, err := Changes(cfg)
+			require.NoError(t, err)
+			require.True(t, swapped)
+			var got []string
+			for _, c := range cs.Changes {
+				got = append(got, string(c.Kind)+" "+c.Path+" "+c.From)
+			}
+			assert.Equal(t, want, got)
+		})
+	}
+}
