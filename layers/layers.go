@@ -16,6 +16,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,15 +159,54 @@ func Open(cfg Config) (*Layers, error) {
 // root showed none of them, new files in it inherited no default ACL, and
 // a commit after a chmod of the root removed the original root's ACLs and
 // user.* attributes (TestRootAttributesAreKept).
+//
+// An upper another overlay filled (kernel overlayfs, given to the
+// mount-helper form) keeps its root as that overlay showed it, as kernel
+// overlayfs would: only sbxfs's origin and the base are added.
 func (l *Layers) adoptRoot() error {
 	if _, ok := l.readOrigin(l.upper); ok {
 		return nil
 	}
-	st, err := l.matchRoot()
+	var st unix.Stat_t
+	var err error
+	if filled, ferr := dirHolds(l.upper); ferr != nil {
+		return fmt.Errorf("upper %q: %w", l.upper, ferr)
+	} else if filled {
+		if err = unix.Stat(l.lowers[0], &st); err != nil {
+			return fmt.Errorf("original %q: %w", l.lowers[0], err)
+		}
+		err = l.setRootOrigin(&st)
+	} else {
+		st, err = l.matchRoot()
+	}
 	if err != nil {
 		return err
 	}
 	return l.noteBase(Origin{}, &st)
+}
+
+// dirHolds reports whether the directory dir has an entry.
+func dirHolds(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return false, nil
+	}
+	return len(names) > 0, err
+}
+
+// setRootOrigin marks the upper root as sbxfs's, with the stable inode
+// number of the original root (whose lstat is st).
+func (l *Layers) setRootOrigin(st *unix.Stat_t) error {
+	og := origin{ino: l.stableIno(st.Dev, st.Ino), path: ""}
+	if err := unix.Lsetxattr(l.upper, l.ns.origin, og.encode(), 0); err != nil {
+		return fmt.Errorf("upper %q takes no %s attributes (%w); put the upper on a filesystem with xattr support", l.upper, l.ns.overlay, err)
+	}
+	return nil
 }
 
 // matchRoot gives the upper root the original root's owner, mode,
@@ -197,11 +237,7 @@ func (l *Layers) matchRoot() (unix.Stat_t, error) {
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, l.upper, []unix.Timespec{st.Atim, st.Mtim}, 0); err != nil {
 		return st, err
 	}
-	og := origin{ino: l.stableIno(st.Dev, st.Ino), path: ""}
-	if err := unix.Lsetxattr(l.upper, l.ns.origin, og.encode(), 0); err != nil {
-		return st, fmt.Errorf("upper %q takes no %s attributes (%w); put the upper on a filesystem with xattr support", l.upper, l.ns.overlay, err)
-	}
-	return st, nil
+	return st, l.setRootOrigin(&st)
 }
 
 // adoptRootXattrs gives the upper root the original root's extended

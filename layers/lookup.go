@@ -37,11 +37,14 @@ func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
 		return Entry{}, unix.ENOENT
 	case err == nil:
 		e.Upper = true
-		if l.upperAttrs(upath, &e) {
+		settled, redirect := l.upperAttrs(upath, &e)
+		if settled || !e.IsDir() {
 			return e, nil
 		}
-		if !e.IsDir() {
-			return e, nil
+		if redirect != "" {
+			// Renamed in its directory by kernel overlayfs, which
+			// writes the old name (sbxfs writes absolute redirects).
+			name = redirect
 		}
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
 	default:
@@ -73,8 +76,11 @@ func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
 
 // upperAttrs fills the stable inode number and the lower directories of an
 // upper entry from its attributes. It reports true when the lower part is
-// settled (a non-directory, an opaque or a redirected directory).
-func (l *Layers) upperAttrs(upath string, e *Entry) bool {
+// settled (a non-directory, an opaque or a directory with an absolute
+// redirect); else a directory's relative redirect, if any: the name of
+// the lower directory it merges in its parent's (kernel overlayfs writes
+// one for a rename inside one directory).
+func (l *Layers) upperAttrs(upath string, e *Entry) (bool, string) {
 	e.Stat.Ino = l.stableIno(e.Stat.Dev, e.Stat.Ino)
 	names, _ := fsutil.LListXattrs(upath)
 	has := func(n string) bool {
@@ -96,18 +102,22 @@ func (l *Layers) upperAttrs(upath string, e *Entry) bool {
 		}
 	}
 	if !e.IsDir() {
-		return true
+		return true, ""
 	}
 	if has(l.ns.opaque) && l.isOpaque(upath) {
-		return true
+		return true, ""
 	}
 	if has(l.ns.redirect) {
-		if r := l.redirectOf(upath); strings.HasPrefix(r, "/") {
+		r := l.redirectOf(upath)
+		if strings.HasPrefix(r, "/") {
 			e.Lowers = l.lowerDirsAt(strings.TrimPrefix(r, "/"))
-			return true
+			return true, ""
+		}
+		if r != "." && r != ".." && !strings.ContainsRune(r, '/') {
+			return false, r
 		}
 	}
-	return false
+	return false, ""
 }
 
 type lowerHit struct {

@@ -917,6 +917,76 @@ func TestKernelUpperAsLower(t *testing.T) {
 	assertSameTree(t, want, mustWalk(t, sb.mnt, viewOpts), "sbxfs over the stack (want = kernel overlayfs over it)")
 }
 
+// TestKernelUpperAsUpper: an upper kernel overlayfs made, with a
+// directory renamed in its parent (a relative redirect: the old name)
+// and one renamed inside it, serves as the upper of an sbxfs mount (the
+// mount-helper form), which shows what kernel overlayfs shows: until
+// 2026-11-27 sbxfs ignored a relative redirect in the upper, and both
+// renamed directories showed empty. A rename in sbxfs carries them on.
+func TestKernelUpperAsUpper(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/x": "x", "d/sub/y": "y", "e/z": "z"})
+	originalGuard(t, orig)
+	dir := t.TempDir()
+	kupper, kwork, kmnt, mnt, work := filepath.Join(dir, "kupper"), filepath.Join(dir, "kwork"), filepath.Join(dir, "kmnt"), filepath.Join(dir, "mnt"), filepath.Join(dir, "work")
+	for _, d := range []string{kupper, kwork, kmnt, mnt, work} {
+		require.NoError(t, os.Mkdir(d, 0o700))
+	}
+	registerMount(kmnt)
+	registerMount(mnt)
+	kopts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on,index=off", orig, kupper, kwork)
+	kernel := func(do func()) {
+		t.Helper()
+		if out, err := runTimeout(20*time.Second, "mount", "-t", "overlay", "overlay", "-o", kopts, kmnt); err != nil {
+			if _, serr := os.Stat("/sys/module/overlay"); serr != nil {
+				t.Skipf("kernel overlayfs is not available: %v %s", err, out)
+			}
+			t.Fatalf("mount -t overlay -o %s: %v %s", kopts, err, out)
+		}
+		defer func() {
+			if out, err := runTimeout(20*time.Second, "umount", kmnt); err != nil {
+				_, _ = runTimeout(10*time.Second, "umount", "-l", kmnt)
+				t.Fatalf("umount %s: %v %s", kmnt, err, out)
+			}
+		}()
+		do()
+	}
+	var want map[string]nodeInfo
+	kernel(func() {
+		require.NoError(t, os.Rename(filepath.Join(kmnt, "d"), filepath.Join(kmnt, "d2")))
+		require.NoError(t, os.Rename(filepath.Join(kmnt, "d2/sub"), filepath.Join(kmnt, "d2/sub2")))
+		want = mustWalk(t, kmnt, viewOpts)
+	})
+	r, err := fsutil.LGetXattr(filepath.Join(kupper, "d2"), "trusted.overlay.redirect")
+	require.NoError(t, err)
+	require.Equal(t, "d", string(r), "kernel overlayfs wrote a relative redirect")
+	require.Contains(t, want, "d2/sub2/y", "kernel overlayfs shows it")
+
+	m := sbxfsCLI(t, 30*time.Second, "sbxfs", mnt, "-o", "lowerdir="+orig+",upperdir="+kupper+",workdir="+work)
+	require.Equal(t, 0, m.code, "%s", m)
+	unmounted := false
+	t.Cleanup(func() {
+		if unmounted {
+			return
+		}
+		if out, err := runTimeout(20*time.Second, "umount", mnt); err != nil {
+			t.Errorf("umount %s: %v %s", mnt, err, out)
+			_, _ = runTimeout(10*time.Second, "umount", "-l", mnt)
+		}
+	})
+	assertSameTree(t, want, mustWalk(t, mnt, viewOpts), "sbxfs over kernel overlayfs's upper (want = kernel overlayfs)")
+	assert.Equal(t, "y", mustRead(t, filepath.Join(mnt, "d2/sub2/y")))
+	require.NoError(t, os.Rename(filepath.Join(mnt, "d2"), filepath.Join(mnt, "e/d3")))
+	assert.Equal(t, "y", mustRead(t, filepath.Join(mnt, "e/d3/sub2/y")), "moved on by sbxfs")
+	assert.Equal(t, "x", mustRead(t, filepath.Join(mnt, "e/d3/x")))
+	want = mustWalk(t, mnt, viewOpts)
+	out, err := runTimeout(20*time.Second, "umount", mnt)
+	require.NoError(t, err, "umount: %s", out)
+	unmounted = true
+	kernel(func() {
+		assertSameTree(t, want, mustWalk(t, kmnt, viewOpts), "kernel overlayfs over the upper sbxfs changed (want = sbxfs)")
+	})
+}
+
 // TestRenameOverDeletedName: a name whose original object was deleted is
 // free: renaming a directory (or a file) to it works, as on a plain
 // filesystem (`rm -rf build && mv build.new build`).
