@@ -266,6 +266,9 @@ func (r *diffReader) oldPathOf(c layers.Change) (string, bool) {
 
 func (r *diffReader) close() {
 	r.parents.close()
+	if r.view != nil {
+		r.view.Close()
+	}
 	for _, fd := range append([]int{r.upper, r.orig}, r.lowers...) {
 		if fd >= 0 {
 			unix.Close(fd)

@@ -40,6 +40,22 @@ func OpenBeneath(rootFd int, rel string, flags int, mode uint32) (int, error) {
 	return fd, nil
 }
 
+// OpenBeneathRaw is OpenBeneath for hot paths: the error is the bare
+// errno (ENOENT, ENOTDIR, ELOOP for a symlink on the way...), not wrapped.
+// rel must be relative; it is cleaned only on kernels without openat2,
+// where the walk could otherwise step out through "..".
+func OpenBeneathRaw(rootFd int, rel string, flags int) (int, error) {
+	fd, err := openat2Beneath(rootFd, rel, flags, 0)
+	if errors.Is(err, unix.ENOSYS) {
+		clean, cerr := CleanRel(rel)
+		if cerr != nil {
+			return -1, unix.EXDEV
+		}
+		fd, err = openWalk(rootFd, clean, flags, 0)
+	}
+	return fd, err
+}
+
 // OpenDirBeneath opens, as an O_PATH|O_DIRECTORY fd, the directory that holds
 // the last component of rel, resolved like OpenBeneath. Use it with the *at
 // syscalls on path.Base of the CleanRel form of rel. The root has no parent

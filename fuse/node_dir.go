@@ -187,20 +187,22 @@ func (n *node) prefetchSubdirs(obj layers.Obj, list []gofuse.DirEntry) {
 	if len(obj.Lowers) == 0 {
 		return
 	}
-	var paths []string
+	var dirs []opener
+	l := n.fs.layers
 	for _, e := range list {
 		if e.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
 		for _, lo := range obj.Lowers {
-			paths = append(paths, n.fs.layers.LowerPath(lo)+"/"+e.Name)
+			name := e.Name
+			dirs = append(dirs, func() (int, error) { return l.OpenLowerChild(lo, name, unix.O_RDONLY|unix.O_DIRECTORY) })
 		}
-		if len(paths) >= prefetchPerListing {
+		if len(dirs) >= prefetchPerListing {
 			break
 		}
 	}
-	if len(paths) > 0 {
-		prefetchDirs(paths)
+	if len(dirs) > 0 {
+		prefetchDirs(dirs)
 	}
 }
 

@@ -32,36 +32,40 @@ const (
 
 var prefetch struct {
 	once sync.Once
-	q    chan string
+	q    chan opener
 }
 
-// prefetchDirs queues the directories at paths (absolute paths in a lower
-// layer) for the background readers; full, it drops the rest.
-func prefetchDirs(paths []string) {
+// An opener opens a directory of a lower layer (layers.OpenLowerChild:
+// no symlink followed on the way).
+type opener func() (int, error)
+
+// prefetchDirs queues the directories dirs opens for the background
+// readers; full, it drops the rest.
+func prefetchDirs(dirs []opener) {
 	prefetch.once.Do(func() {
-		prefetch.q = make(chan string, prefetchQueue)
+		prefetch.q = make(chan opener, prefetchQueue)
 		for range prefetchReaders {
 			go func() {
 				buf := make([]byte, 32<<10)
-				for p := range prefetch.q {
-					readDirBlocks(p, buf)
+				for open := range prefetch.q {
+					readDirBlocks(open, buf)
 				}
 			}()
 		}
 	})
-	for _, p := range paths {
+	for _, d := range dirs {
 		select {
-		case prefetch.q <- p:
+		case prefetch.q <- d:
 		default:
 			return
 		}
 	}
 }
 
-// readDirBlocks reads the directory at path to its end, for the caches.
-// A symlink put in its place is not followed; errors do not matter.
-func readDirBlocks(path string, buf []byte) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+// readDirBlocks reads the directory open opens to its end, for the
+// caches. Errors do not matter.
+func readDirBlocks(open opener, buf []byte) {
+	fd, err := open()
 	if err != nil {
 		return
 	}

@@ -67,6 +67,7 @@ func Changes(cfg Config) (ChangeSet, error) {
 	if err != nil {
 		return ChangeSet{}, err
 	}
+	defer l.closeLowerRoots()
 	recs, err := ReadJournal(cfg.journalPath())
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return ChangeSet{}, err
@@ -819,10 +820,25 @@ func (l *Layers) compare(p string, ov *Entry, lo *lowerHit, content, times bool)
 	if err := unix.Lstat(up, &ust); err != nil {
 		return "", err
 	}
-	lpath := l.LowerPath(lo.origin)
 	if ust.Mode&unix.S_IFMT != lo.st.Mode&unix.S_IFMT {
 		return Modified, nil
 	}
+	var kind ChangeKind
+	err := l.lowerDo(lo.origin, func(lpath string) (err error) {
+		kind, err = l.compareWith(up, &ust, lpath, lo, times, content)
+		return err
+	})
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		// There when p was looked up, gone now (a directory on the way
+		// swapped for a symlink): read again.
+		return "", fmt.Errorf("%w: %s", ErrOriginalChanging, p)
+	}
+	return kind, err
+}
+
+// compareWith is compare with the upper object up (ust) and the original's
+// at lpath.
+func (l *Layers) compareWith(up string, ust *unix.Stat_t, lpath string, lo *lowerHit, times, content bool) (ChangeKind, error) {
 	switch ust.Mode & unix.S_IFMT {
 	case unix.S_IFLNK:
 		a, err1 := readlink(up)
@@ -866,7 +882,7 @@ func sameContent(a, b string, sa, sb int64) (bool, error) {
 		return false, err
 	}
 	defer fa.Close()
-	fb, err := os.Open(b)
+	fb, err := os.OpenFile(b, os.O_RDONLY|unix.O_NOFOLLOW, 0) // the original's: never a symlink swapped in
 	if err != nil {
 		return false, err
 	}

@@ -81,23 +81,29 @@ func (l *Layers) ensureParentsStat(rel string, pst *unix.Stat_t) error {
 
 // copyUpOne copies the single lower object src to rel in the upper layer.
 func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
-	spath := l.LowerPath(src)
 	var st unix.Stat_t
-	if err := unix.Lstat(spath, &st); err != nil {
-		return err
-	}
-	if l.Journal() != nil {
-		if err := l.noteBase(src, &st); err != nil {
+	tmp := filepath.Join(l.work, fsutil.TempName(".copyup-"))
+	made := false
+	err := l.lowerDo(src, func(spath string) error {
+		if err := unix.Lstat(spath, &st); err != nil {
 			return err
 		}
-	}
-	og := origin{layer: src.Layer, path: src.Path}
-	if st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink == 1 {
-		og.ino = l.stableIno(st.Dev, st.Ino)
-	}
-	tmp := filepath.Join(l.work, fsutil.TempName(".copyup-"))
-	if err := l.buildCopy(tmp, spath, &st, og, data); err != nil {
-		removeTemp(tmp)
+		if l.Journal() != nil {
+			if err := l.noteBase(src, &st); err != nil {
+				return err
+			}
+		}
+		og := origin{layer: src.Layer, path: src.Path}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink == 1 {
+			og.ino = l.stableIno(st.Dev, st.Ino)
+		}
+		made = true
+		return l.buildCopy(tmp, spath, &st, og, data)
+	})
+	if err != nil {
+		if made {
+			removeTemp(tmp)
+		}
 		return err
 	}
 	// A copy-up is no change of the parent: keep its times (as overlayfs).
@@ -114,7 +120,7 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		dirs = append(dirs, ownDir{path: tmp, after: l.UpperPath(rel)}) // its ".." changes
 	}
-	err := l.asOwner(moveIn, dirs...)
+	err = l.asOwner(moveIn, dirs...)
 	if err != nil {
 		removeTemp(tmp)
 		if errors.Is(err, unix.EEXIST) {

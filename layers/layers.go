@@ -112,6 +112,12 @@ type Layers struct {
 
 	upperDev  uint64
 	lowerDevs []uint64
+	// The layers' directories, opened at the first read of a lower
+	// object (lowerfs.go).
+	rootsOnce sync.Once
+	rootsMu   sync.RWMutex // held for reading while a root descriptor is used
+	rootFds   []int
+	rootsErr  error
 	// ordered says the upper's filesystem writes a file's data before a
 	// later rename (fsutil.OrdersDataBeforeRename): a copy-up need not
 	// wait for its fsync.
@@ -338,6 +344,7 @@ func (cfg *Config) validate() error {
 
 // Close flushes and closes the journal.
 func (l *Layers) Close() error {
+	l.closeLowerRoots()
 	j := l.Journal()
 	if err := j.Sync(); err != nil {
 		j.Close()
@@ -359,8 +366,9 @@ func (l *Layers) Sync() error { return l.Journal().Sync() }
 // UpperPath returns the real path of rel in the upper layer.
 func (l *Layers) UpperPath(rel string) string { return join(l.upper, rel) }
 
-// LowerPath returns the real path of an origin.
-func (l *Layers) LowerPath(o Origin) string { return join(l.lowers[o.Layer], o.layerPath()) }
+// lowerPath returns the path of an origin: for reads only through
+// lowerfs.go, which follows no symlink of the original on the way.
+func (l *Layers) lowerPath(o Origin) string { return join(l.lowers[o.Layer], o.layerPath()) }
 
 // UpperDir is the upper layer's root.
 func (l *Layers) UpperDir() string { return l.upper }

@@ -840,3 +840,58 @@ func swapWhileRead(t *testing.T, s *stack, dir string, want []string, aways ...s
 		})
 	}
 }
+
+// TestLowerReadsFollowNoSymlinkSwappedIn: another process swaps the
+// original's directory d for a symlink to a directory outside after the
+// stack looked d (and d/pub) up. Nothing the stack reads then may come
+// from outside: the names it looks up, lists, stats, opens, reads the
+// target or attributes of, and the copy-up of d/pub, all meet the symlink
+// on the way and find no object (before 2026-11-27 each followed it, and
+// a mount served by root showed root's files).
+func TestLowerReadsFollowNoSymlinkSwappedIn(t *testing.T) {
+	s := newStack(t, map[string]string{"d/pub": "public", "d/ln": "-> pub", "d/sub/f": "f"})
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeTree(t, secret, map[string]string{"pub": "SECRET", "x": "SECRET", "ln": "-> /etc/SECRET", "sub/f": "SECRET"})
+	require.NoError(t, unix.Setxattr(filepath.Join(secret, "pub"), "user.secret", []byte("SECRET"), 0))
+	d := s.dir("d")
+	pub, err := s.lookup("d/pub")
+	require.NoError(t, err)
+	ln, err := s.lookup("d/ln")
+	require.NoError(t, err)
+	sub := s.dir("d/sub")
+	lower := filepath.Join(s.lower, "d")
+	require.NoError(t, os.Rename(lower, lower+".away"))
+	require.NoError(t, os.Symlink(secret, lower))
+
+	_, err = s.Lookup("d", d, "x")
+	assert.Error(t, err, "lookup of a name only the outside directory has")
+	_, err = s.Lookup("d", d, "pub")
+	assert.Error(t, err, "lookup of a name both have")
+	ents, err := s.ReadDir("d", d)
+	require.NoError(t, err, "the original's d is no directory now: nothing to merge")
+	assert.Empty(t, ents)
+	_, err = s.Stat("d/pub", pub.Obj)
+	assert.ErrorIs(t, err, unix.ENOTDIR)
+	_, err = s.Readlink("d/ln", ln.Obj)
+	assert.ErrorIs(t, err, unix.ENOTDIR)
+	_, err = s.Getxattr("d/pub", pub.Obj, "user.secret", make([]byte, 64))
+	assert.ErrorIs(t, err, unix.ENOTDIR)
+	_, err = s.Listxattr("d/pub", pub.Obj)
+	assert.ErrorIs(t, err, unix.ENOTDIR)
+	fd, _, err := s.Open("d/pub", &pub.Obj, unix.O_RDONLY, s.c)
+	if err == nil {
+		unix.Close(fd)
+	}
+	assert.ErrorIs(t, err, unix.ENOTDIR, "open for reading")
+	o := pub.Obj
+	fd, _, err = s.Open("d/pub", &o, unix.O_WRONLY, s.c)
+	if err == nil {
+		unix.Close(fd)
+	}
+	assert.Error(t, err, "open for writing: the copy-up")
+	_, err = s.Lookup("d/sub", sub, "f")
+	assert.Error(t, err, "lookup beneath a directory of d")
+	for _, p := range []string{"d/pub", "d/x", "d/sub/f"} {
+		assert.NoFileExists(t, s.UpperPath(p), "nothing from outside was copied up")
+	}
+}

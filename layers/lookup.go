@@ -136,7 +136,7 @@ func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*low
 	for i, lo := range lowers {
 		o := lo.child(name)
 		var st unix.Stat_t
-		if err := unix.Lstat(l.LowerPath(o), &st); err != nil {
+		if err := l.lowerLstat(o, &st); err != nil {
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 				continue
 			}
@@ -156,10 +156,19 @@ func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*low
 			break
 		}
 		dirs = append(dirs, o)
-		if o.Layer == len(l.lowers)-1 || l.isOpaque(l.LowerPath(o)) {
+		if o.Layer == len(l.lowers)-1 {
 			break
 		}
-		if r := l.redirectOf(l.LowerPath(o)); r != "" {
+		var opaque bool
+		var r string
+		_ = l.lowerDo(o, func(p string) error {
+			opaque, r = l.isOpaque(p), l.redirectOf(p)
+			return nil
+		})
+		if opaque {
+			break
+		}
+		if r != "" {
 			// A layer's directory renamed (an upper serving as a lower):
 			// the layers below continue where the redirect points, as in
 			// kernel overlayfs.
@@ -269,24 +278,38 @@ func (l *Layers) lowerHas(lowers []Origin, name string) (bool, error) {
 	return first != nil || len(dirs) > 0, err
 }
 
-// realPath is the path that holds the current state of an object.
-func (l *Layers) realPath(rel string, o Obj) string {
+// real says where the current state of the object at rel is: its upper
+// path, or (lower) its original, o.Lowers[0], read through lowerfs.go.
+func (l *Layers) real(rel string, o Obj) (up string, lower bool) {
+	up = l.UpperPath(rel)
 	if o.Upper || len(o.Lowers) == 0 {
-		return l.UpperPath(rel)
+		return up, false
 	}
-	up := l.UpperPath(rel)
 	var st unix.Stat_t
 	if unix.Lstat(up, &st) == nil && !fsutil.IsWhiteout(&st) {
-		return up
+		return up, false
 	}
-	return l.LowerPath(o.Lowers[0])
+	return up, true
+}
+
+// realDo calls f with a path of the current state of the object at rel
+// (lowerDo for an original's); f must not follow the last component.
+func (l *Layers) realDo(rel string, o Obj, f func(path string) error) error {
+	if up, lower := l.real(rel, o); !lower {
+		return f(up)
+	}
+	return l.lowerDo(o.Lowers[0], f)
 }
 
 // Stat returns the attributes of the object at rel (the inode number is the
 // real one; callers substitute the stable number they hold).
 func (l *Layers) Stat(rel string, o Obj) (unix.Stat_t, error) {
 	var st unix.Stat_t
-	err := unix.Lstat(l.realPath(rel, o), &st)
+	up, lower := l.real(rel, o)
+	if lower {
+		return st, l.lowerLstat(o.Lowers[0], &st)
+	}
+	err := unix.Lstat(up, &st)
 	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && len(o.Lowers) > 0 && l.inUpper(rel) {
 		st.Nlink = 1
 	}
@@ -300,8 +323,12 @@ func (l *Layers) inUpper(rel string) bool {
 
 // Readlink returns the target of the symlink at rel.
 func (l *Layers) Readlink(rel string, o Obj) (string, error) {
+	up, lower := l.real(rel, o)
+	if lower {
+		return l.lowerReadlink(o.Lowers[0])
+	}
 	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlink(l.realPath(rel, o), buf)
+	n, err := unix.Readlink(up, buf)
 	if err != nil {
 		return "", err
 	}

@@ -20,6 +20,9 @@ func OpenLowerView(cfg Config) (*LowerView, error) {
 	return &LowerView{l: l}, nil
 }
 
+// Close closes the layers' directories the view opened.
+func (v *LowerView) Close() { v.l.closeLowerRoots() }
+
 // Find returns where the object the view shows at rel lives: the index of
 // its layer and its path relative to that layer's root. ok is false when
 // the view has nothing at rel.

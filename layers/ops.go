@@ -29,7 +29,7 @@ func (l *Layers) Open(rel string, o *Obj, flags int, c Caller) (int, bool, error
 		}
 	}
 	if !o.Upper && len(o.Lowers) > 0 && !l.inUpper(rel) {
-		fd, err := unix.Open(l.LowerPath(o.Lowers[0]), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := l.lowerOpen(o.Lowers[0], unix.O_RDONLY)
 		return fd, false, err
 	}
 	o.Upper = true

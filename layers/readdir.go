@@ -41,9 +41,9 @@ func (l *Layers) mergeDir(upath string, up []dirent, lowers []Origin) ([]DirEntr
 	lowerLists := make([][]dirent, 0, len(lowers))
 	total := len(up)
 	for _, lo := range lowers {
-		ents, err := readDirents(l.LowerPath(lo))
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return nil, err
+		ents, err := l.readLowerDirents(lo)
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) {
+			return nil, err // (gone from the original, or not a directory now: nothing to merge)
 		}
 		lowerLists = append(lowerLists, ents)
 		total += len(ents)
@@ -90,7 +90,6 @@ func (l *Layers) mergeDir(upath string, up []dirent, lowers []Origin) ([]DirEntr
 			hidden = make(map[string]bool, total)
 		}
 		dev := l.lowerDevs[lowers[i].Layer]
-		lpath := l.LowerPath(lowers[i])
 		var wh []string
 		for _, d := range ents {
 			if hidden[d.name] {
@@ -98,7 +97,7 @@ func (l *Layers) mergeDir(upath string, up []dirent, lowers []Origin) ([]DirEntr
 			}
 			if d.typ == unix.DT_CHR || d.typ == unix.DT_UNKNOWN {
 				var st unix.Stat_t
-				if unix.Lstat(lpath+"/"+d.name, &st) == nil && fsutil.IsWhiteout(&st) {
+				if l.lowerLstat(lowers[i].child(d.name), &st) == nil && fsutil.IsWhiteout(&st) {
 					wh = append(wh, d.name)
 					continue
 				}
@@ -131,6 +130,21 @@ func readDirents(path string) ([]dirent, error) {
 		return nil, err
 	}
 	defer unix.Close(fd)
+	return readDirentsFd(fd)
+}
+
+// readLowerDirents lists the lower directory o (lowerfs.go).
+func (l *Layers) readLowerDirents(o Origin) ([]dirent, error) {
+	fd, err := l.lowerOpen(o, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return readDirentsFd(fd)
+}
+
+// readDirentsFd lists the directory open at fd.
+func readDirentsFd(fd int) ([]dirent, error) {
 	var out []dirent
 	buf := make([]byte, 32<<10)
 	for {

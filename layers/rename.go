@@ -33,7 +33,7 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 		// An original object replaced: a commit checks it is still the
 		// one the sandbox saw.
 		var st unix.Stat_t
-		if err := unix.Lstat(l.LowerPath(te.Lowers[0]), &st); err != nil {
+		if err := l.lowerLstat(te.Lowers[0], &st); err != nil {
 			return err
 		}
 		if err := l.noteBase(te.Lowers[0], &st); err != nil {

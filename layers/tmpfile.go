@@ -14,12 +14,15 @@ import (
 // entry. It gets a name, and a journal record, only if it is linked in
 // (LinkFd).
 func (l *Layers) Tmpfile(dirRel string, dir Obj, mode uint32, c Caller) (int, Entry, error) {
-	dirPath := l.realPath(dirRel, dir)
 	var pst unix.Stat_t
-	if err := unix.Lstat(dirPath, &pst); err != nil {
-		return -1, Entry{}, err
-	}
-	p, err := newPerms(dirPath, mode|unix.S_IFREG, c)
+	var p perms
+	err := l.realDo(dirRel, dir, func(dirPath string) (err error) {
+		if err = unix.Lstat(dirPath, &pst); err != nil {
+			return err
+		}
+		p, err = newPerms(dirPath, mode|unix.S_IFREG, c)
+		return err
+	})
 	if err != nil {
 		return -1, Entry{}, err
 	}

@@ -108,12 +108,21 @@ func (l *Layers) Getxattr(rel string, o Obj, name string, dest []byte) (int, err
 	if l.Private(name) {
 		return 0, unix.ENODATA
 	}
-	return unix.Lgetxattr(l.realPath(rel, o), name, dest)
+	var n int
+	err := l.realDo(rel, o, func(p string) (err error) {
+		n, err = unix.Lgetxattr(p, name, dest)
+		return err
+	})
+	return n, err
 }
 
 // Listxattr lists the user-visible attribute names of the object at rel.
 func (l *Layers) Listxattr(rel string, o Obj) ([]string, error) {
-	names, err := fsutil.LListXattrs(l.realPath(rel, o))
+	var names []string
+	err := l.realDo(rel, o, func(p string) (err error) {
+		names, err = fsutil.LListXattrs(p)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +144,10 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 		// A create of an attribute there is, or a replace of one there
 		// is not, fails without a change: check before the copy-up,
 		// which would part a name of an original hard link.
-		_, err := unix.Lgetxattr(l.realPath(rel, *o), name, nil)
+		err := l.realDo(rel, *o, func(p string) error {
+			_, err := unix.Lgetxattr(p, name, nil)
+			return err
+		})
 		switch {
 		case err == nil && flags&unix.XATTR_CREATE != 0:
 			return unix.EEXIST
@@ -158,7 +170,10 @@ func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
 		return unix.ENODATA
 	}
 	// A missing attribute is an error without a change: check before copy-up.
-	if _, err := unix.Lgetxattr(l.realPath(rel, *o), name, nil); err != nil {
+	if err := l.realDo(rel, *o, func(p string) error {
+		_, err := unix.Lgetxattr(p, name, nil)
+		return err
+	}); err != nil {
 		return err
 	}
 	if err := l.record(OpRemovexattr, rel, "", 0, c); err != nil {

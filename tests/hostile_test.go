@@ -633,6 +633,65 @@ func TestHostileStagingNamesInOriginal(t *testing.T) {
 	assert.Equal(t, "changed by commit\n", mustRead(t, filepath.Join(orig, "a.txt")))
 }
 
+// TestHostileSymlinkSwapUnderTheMount: after the mount looked up d,
+// another process swaps the original's d for a symlink to a directory
+// outside that only root may read. Through the mount (served by root),
+// nothing of that directory may show: not its names, contents, link
+// targets or attributes, not a copy-up of it (before 2026-11-27 the
+// server read lower objects by path and followed the symlink: `cat
+// MNT/d/x` printed root's file).
+func TestHostileSymlinkSwapUnderTheMount(t *testing.T) {
+	requireCLI(t)
+	orig := newOrig(t, map[string]string{"d/pub": "public\n", "d/ln": "-> pub", "d/sub/f": "f\n"})
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeTree(t, secret, map[string]string{"pub": "SECRET\n", "x": "SECRET\n", "ln": "-> SECRET", "sub/f": "SECRET\n", "sub/y": "SECRET\n"})
+	require.NoError(t, os.Chmod(secret, 0o700))
+	require.NoError(t, unix.Setxattr(filepath.Join(secret, "pub"), "user.secret", []byte("SECRET"), 0))
+	originalGuard(t, secret)
+	sb := mountSandbox(t, orig)
+	assert.Equal(t, []string{"ln", "pub", "sub"}, listDir(t, sb.path("d")))
+	assert.Equal(t, "public\n", mustRead(t, sb.path("d/pub")))
+	assert.Equal(t, []string{"f"}, listDir(t, sb.path("d/sub")))
+
+	d := filepath.Join(orig, "d")
+	require.NoError(t, os.Rename(d, d+".away"))
+	require.NoError(t, os.Symlink(secret, d))
+	t.Cleanup(func() {
+		_ = os.Remove(d)
+		_ = os.Rename(d+".away", d)
+	})
+	for _, p := range []string{"d/x", "d/pub", "d/sub/f", "d/sub/y"} {
+		if b, err := os.ReadFile(sb.path(p)); err == nil {
+			assert.NotContains(t, string(b), "SECRET", "read %s", p)
+		}
+	}
+	if target, err := os.Readlink(sb.path("d/ln")); err == nil {
+		assert.NotEqual(t, "SECRET", target)
+	}
+	if ents, err := os.ReadDir(sb.path("d")); err == nil {
+		for _, e := range ents {
+			assert.NotEqual(t, "x", e.Name(), "the outside directory's names listed")
+		}
+	}
+	if ents, err := os.ReadDir(sb.path("d/sub")); err == nil {
+		for _, e := range ents {
+			assert.NotEqual(t, "y", e.Name(), "the outside directory's names listed")
+		}
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Lgetxattr(sb.path("d/pub"), "user.secret", buf); err == nil {
+		assert.NotEqual(t, "SECRET", string(buf[:n]))
+	}
+	// A write to d/pub copies up the original's d/pub, or fails: never
+	// the outside file.
+	if err := appendFile(sb.path("d/pub"), []byte("+")); err == nil {
+		assert.NotContains(t, mustRead(t, sb.path("d/pub")), "SECRET")
+	}
+	if b, err := os.ReadFile(filepath.Join(sb.upper, "d/pub")); err == nil {
+		assert.NotContains(t, string(b), "SECRET", "the upper's copy")
+	}
+}
+
 // TestHostileSymlinkSwapDuringCommit: while `sbxfs commit` runs, another
 // process keeps exchanging a directory of the original with a symlink to
 // a directory outside. Nothing outside changes; the commit succeeds or

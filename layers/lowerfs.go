@@ -1,0 +1,157 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// The original belongs to other processes, which may change it while
+// sbxfs reads it. sbxfs holds lower objects by path (kernel overlayfs
+// holds dentries): a directory of the original swapped for a symlink
+// after sbxfs looked it up would lead a read by path out of the
+// original, to whatever the serving process may read (a server run as
+// root would show root's files through the mount). So every access to a
+// lower object resolves the path of its directory beneath its layer's
+// root, following no symlink on the way (openat2 with RESOLVE_BENEATH
+// and RESOLVE_NO_SYMLINKS, fsutil.OpenBeneathRaw), and acts on the object
+// by name in that directory without following it. A symlink on the way
+// reads as ENOTDIR: the path leads to no object of the original
+// (TestLowerReadsFollowNoSymlinkSwappedIn).
+
+// lowerRoot returns the directory of layer i, opened once (O_PATH). The
+// caller holds rootsMu for reading while it uses it: Close must not let
+// its number go to another file meanwhile.
+func (l *Layers) lowerRoot(i int) (int, error) {
+	l.rootsOnce.Do(func() {
+		l.rootFds = make([]int, len(l.lowers))
+		for j, d := range l.lowers {
+			fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				l.rootsErr = fmt.Errorf("lower %q: %w", d, err)
+				for _, f := range l.rootFds[:j] {
+					unix.Close(f)
+				}
+				l.rootFds = nil
+				return
+			}
+			l.rootFds[j] = fd
+		}
+	})
+	if l.rootsErr != nil {
+		return -1, l.rootsErr
+	}
+	return l.rootFds[i], nil
+}
+
+// closeLowerRoots closes the layers' directories, if opened.
+func (l *Layers) closeLowerRoots() {
+	l.rootsOnce.Do(func() {}) // none opened from now on
+	l.rootsMu.Lock()
+	defer l.rootsMu.Unlock()
+	for _, fd := range l.rootFds {
+		unix.Close(fd)
+	}
+	l.rootFds, l.rootsErr = nil, errClosed
+}
+
+var errClosed = errors.New("layers: closed")
+
+// lowerDir opens (O_PATH) the directory that holds the lower object o,
+// beneath o's layer, and returns it with o's name in it ("." for the
+// layer's root). The caller closes dir.
+func (l *Layers) lowerDir(o Origin) (dir int, name string, err error) {
+	l.rootsMu.RLock()
+	defer l.rootsMu.RUnlock()
+	root, err := l.lowerRoot(o.Layer)
+	if err != nil {
+		return -1, "", err
+	}
+	parent, name := "", "."
+	if p := o.layerPath(); p != "" {
+		parent, name = Split(p)
+	}
+	if parent == "" {
+		parent = "."
+	}
+	dir, err = fsutil.OpenBeneathRaw(root, parent, unix.O_PATH|unix.O_DIRECTORY)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+		err = unix.ENOTDIR // a symlink on the way: no object of the original there
+	}
+	return dir, name, err
+}
+
+// lowerLstat is lstat of the lower object o.
+func (l *Layers) lowerLstat(o Origin, st *unix.Stat_t) error {
+	dir, name, err := l.lowerDir(o)
+	if err != nil {
+		return err
+	}
+	err = unix.Fstatat(dir, name, st, unix.AT_SYMLINK_NOFOLLOW)
+	unix.Close(dir)
+	return err
+}
+
+// lowerOpen opens the lower object o (flags gain O_NOFOLLOW|O_CLOEXEC).
+func (l *Layers) lowerOpen(o Origin, flags int) (int, error) {
+	dir, name, err := l.lowerDir(o)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dir)
+	for {
+		fd, err := unix.Openat(dir, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if !errors.Is(err, unix.EINTR) {
+			return fd, err
+		}
+	}
+}
+
+// OpenLowerChild opens name in the lower directory dir, as lowerOpen.
+func (l *Layers) OpenLowerChild(dir Origin, name string, flags int) (int, error) {
+	return l.lowerOpen(dir.child(name), flags)
+}
+
+// lowerReadlink reads the lower symlink o.
+func (l *Layers) lowerReadlink(o Origin) (string, error) {
+	dir, name, err := l.lowerDir(o)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(dir)
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(dir, name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// lowerDo calls f with a path of the lower object o that leads through
+// no symlink of the original: /proc/self/fd/DIR/NAME, DIR its directory
+// opened beneath its layer, valid during f. For the calls with no *at
+// form (the l*xattr family) and code that takes paths; f must not follow
+// the last component.
+func (l *Layers) lowerDo(o Origin, f func(path string) error) error {
+	if !procFds() {
+		return f(l.lowerPath(o)) // no /proc: by path, as before
+	}
+	dir, name, err := l.lowerDir(o)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	return f("/proc/self/fd/" + strconv.Itoa(dir) + "/" + name)
+}
+
+// procFds reports whether /proc/self/fd leads to this process's
+// descriptors (a container may have no /proc).
+var procFds = sync.OnceValue(func() bool {
+	var st unix.Stat_t
+	return unix.Stat("/proc/self/fd", &st) == nil
+})
