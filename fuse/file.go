@@ -82,7 +82,10 @@ func (h *handle) switchToUpper() {
 }
 
 func (h *handle) Read(ctx context.Context, buf []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
-	h.switchToUpper()
+	func() {
+		defer h.n.fs.names.shared()()
+		h.switchToUpper()
+	}()
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if len(buf) >= spliceMin && len(buf) <= maxSpliced() {

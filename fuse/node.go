@@ -24,6 +24,7 @@ type filesystem struct {
 	root        *node
 	rootIno     uint64
 	gate        gate
+	names       names
 	writers     writers
 	attrTimeout time.Duration
 	cookieSeed  maphash.Seed // for directory offsets (cookie)
@@ -400,6 +401,7 @@ func (fs *filesystem) stopFlusher() {
 var _ = (fusefs.NodeLookuper)((*node)(nil))
 
 func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	defer n.fs.names.shared()()
 	child, errno := n.lookup(ctx, name, out)
 	if errno == 0 {
 		n.noteLookup(out.Attr.Mode)
@@ -423,6 +425,7 @@ func (n *node) lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 var _ = (fusefs.NodeGetattrer)((*node)(nil))
 
 func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	defer n.fs.names.shared()()
 	if f == nil && n.stale() {
 		return syscall.ESTALE
 	}
@@ -482,6 +485,7 @@ var _ = (fusefs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	st, errno := n.setattr(ctx, f, in)
 	if errno != 0 {
 		return errno
@@ -623,6 +627,7 @@ func timeArg(set, now bool, sec uint64, nsec uint32) *unix.Timespec {
 var _ = (fusefs.NodeReadlinker)((*node)(nil))
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	defer n.fs.names.shared()()
 	rel, ok := n.rel()
 	if !ok {
 		return nil, syscall.ENOENT

@@ -246,6 +246,7 @@ var (
 // left of it: go-fuse would otherwise keep that entry for the next reply,
 // made later, when the entry may be gone.
 func (d *dirHandle) Readdirent(ctx context.Context) (*gofuse.DirEntry, syscall.Errno) {
+	defer d.n.fs.names.shared()()
 	l, errno := d.n.listing()
 	if errno != 0 {
 		return nil, errno
@@ -286,6 +287,7 @@ const errNoAttrs = syscall.ENOENT
 //   - someone reads the attributes of entries in this directory, its
 //     parent, or a sibling directory (attrsWanted).
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	defer d.n.fs.names.shared()()
 	d.mu.Lock()
 	dir := d.lastMode&unix.S_IFMT == unix.S_IFDIR
 	d.mu.Unlock()

@@ -24,6 +24,7 @@ var _ = (fusefs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
@@ -40,6 +41,7 @@ var _ = (fusefs.NodeMknoder)((*node)(nil))
 
 func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
@@ -56,6 +58,7 @@ var _ = (fusefs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
@@ -72,6 +75,7 @@ var _ = (fusefs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *gofuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	defer n.dirChanged()
 	t, ok := target.(*node)
 	if !ok {
@@ -133,6 +137,7 @@ var _ = (fusefs.NodeUnlinker)((*node)(nil))
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
@@ -178,11 +183,15 @@ var _ = (fusefs.NodeRmdirer)((*node)(nil))
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	defer n.fs.enter()()
 	defer n.dirChanged()
+	var err error
+	defer func(release func(error)) { release(err) }(n.rmdirHold(name))
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
+		err = errno
 		return errno
 	}
-	return n.fs.toErrno("rmdir", n.fs.layers.Rmdir(rel, obj, name, caller(ctx)))
+	err = n.fs.layers.Rmdir(rel, obj, name, caller(ctx))
+	return n.fs.toErrno("rmdir", err)
 }
 
 var _ = (fusefs.NodeRenamer)((*node)(nil))
@@ -195,12 +204,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	}
 	defer n.dirChanged()
 	defer np.dirChanged()
+	var err error
+	defer func(release func(error)) { release(err) }(n.renameHold(name, np, newName, flags))
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
+		err = errno
 		return errno
 	}
 	nrel, nobj, errno := np.dirArgs()
 	if errno != 0 {
+		err = errno
 		return errno
 	}
 	if flags&unix.RENAME_EXCHANGE == 0 {
@@ -217,7 +230,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 			srcp, moved = &cn.obj, cn
 		}
 	}
-	err := n.fs.layers.Rename(rel, obj, name, srcp, nrel, nobj, newName, flags, caller(ctx))
+	err = n.fs.layers.Rename(rel, obj, name, srcp, nrel, nobj, newName, flags, caller(ctx))
 	if moved != nil {
 		moved.mu.Unlock()
 		if err == nil {

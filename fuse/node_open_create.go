@@ -14,16 +14,17 @@ import (
 var _ = (fusefs.NodeOpener)((*node)(nil))
 
 func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
+	if write {
+		defer n.fs.enter()() // (the gate before the names, as everywhere)
+	}
+	defer n.fs.names.shared()()
 	if n.stale() {
 		return nil, 0, syscall.ESTALE // the kernel opens the copy's node
 	}
 	rel, ok := n.rel()
 	if !ok {
 		return nil, 0, syscall.ENOENT
-	}
-	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
-	if write {
-		defer n.fs.enter()()
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -53,6 +54,7 @@ var _ = (fusefs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	defer n.dirChanged()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
@@ -106,6 +108,7 @@ var _ = (fusefs.NodeFsyncer)((*node)(nil))
 // Fsync flushes a file through its handle, or a directory's upper copy,
 // and makes the journal durable with it.
 func (n *node) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) syscall.Errno {
+	defer n.fs.names.shared()()
 	if h, ok := f.(fileHandle); ok {
 		return h.h().fsync(flags)
 	}
@@ -128,6 +131,7 @@ var _ = (fusefs.NodeTmpfiler)((*node)(nil))
 // sandbox (and the journal) if it is linked in.
 func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *gofuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	rel, obj, errno := n.dirArgs()
 	if errno != 0 {
 		return nil, nil, 0, errno

@@ -11,6 +11,7 @@ import (
 var _ = (fusefs.NodeGetxattrer)((*node)(nil))
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	defer n.fs.names.shared()()
 	rel, fd, errno := n.target()
 	if errno != 0 {
 		return 0, errno
@@ -31,6 +32,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 var _ = (fusefs.NodeListxattrer)((*node)(nil))
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	defer n.fs.names.shared()()
 	rel, fd, errno := n.target()
 	if errno != 0 {
 		return 0, errno
@@ -63,6 +65,7 @@ var _ = (fusefs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	rel, fd, errno := n.mutableTarget()
 	if errno != 0 {
 		return errno
@@ -83,6 +86,7 @@ var _ = (fusefs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	defer n.fs.enter()()
+	defer n.fs.names.shared()()
 	rel, fd, errno := n.mutableTarget()
 	if errno != 0 {
 		return errno

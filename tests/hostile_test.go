@@ -692,6 +692,69 @@ func TestHostileSymlinkSwapUnderTheMount(t *testing.T) {
 	}
 }
 
+// TestHostileRenameRaceUnderTheMount: one thread keeps making and
+// removing x in a directory it holds open in the mount, while another
+// keeps renaming that directory away, putting at its old name a symlink
+// to a directory outside, and back. The server computes an object's
+// upper path from the names the kernel gave; a path computed before the
+// rename and used after the symlink went through the symlink: a server
+// run as root made x outside (before 2026-11-27). Renames of directories
+// and rmdir now wait for the operations using paths, and those for them.
+func TestHostileRenameRaceUnderTheMount(t *testing.T) {
+	requireCLI(t)
+	orig := newOrig(t, map[string]string{"keep": "k"})
+	outside := sentinelDir(t)
+	sb := mountSandbox(t, orig)
+	require.NoError(t, os.Mkdir(sb.path("a"), 0o755))
+	dfd, err := unix.Open(sb.path("a"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	require.NoError(t, err)
+	defer unix.Close(dfd)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var made, swapped atomic.Int64
+	errs := map[string]int{}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			fd, err := unix.Openat(dfd, "x", unix.O_CREAT|unix.O_WRONLY|unix.O_TRUNC, 0o644)
+			if err != nil {
+				errs[err.Error()]++
+				_ = unix.Unlinkat(dfd, "x", unix.AT_REMOVEDIR) // a directory left by a removal that failed
+				continue
+			}
+			_, _ = unix.Write(fd, []byte("written through the mount\n"))
+			unix.Close(fd)
+			_ = unix.Unlinkat(dfd, "x", 0)
+			_ = unix.Mkdirat(dfd, "x", 0o755)
+			_ = unix.Unlinkat(dfd, "x", unix.AT_REMOVEDIR)
+			made.Add(1)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			if os.Rename(sb.path("a"), sb.path("b")) != nil {
+				continue
+			}
+			if os.Symlink(outside, sb.path("a")) == nil {
+				swapped.Add(1)
+				_ = os.Remove(sb.path("a"))
+			}
+			_ = os.Rename(sb.path("b"), sb.path("a"))
+		}
+	}()
+	time.Sleep(3 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d files made and removed, %d swaps; errors %v", made.Load(), swapped.Load(), errs)
+	for _, n := range []string{"x"} {
+		assert.NoFileExists(t, filepath.Join(outside, n), "made outside through the mount")
+		assert.NoDirExists(t, filepath.Join(outside, n), "made outside through the mount")
+	}
+	require.Greater(t, swapped.Load(), int64(100), "the race ran")
+}
+
 // TestHostileSymlinkSwapDuringCommit: while `sbxfs commit` runs, another
 // process keeps exchanging a directory of the original with a symlink to
 // a directory outside. Nothing outside changes; the commit succeeds or
