@@ -877,7 +877,7 @@ func sameContent(a, b string, sa, sb int64) (bool, error) {
 	if sa != sb {
 		return false, nil
 	}
-	fa, err := os.Open(a)
+	fa, err := os.OpenFile(a, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return false, err
 	}
