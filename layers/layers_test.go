@@ -397,6 +397,14 @@ func TestChangeSetNewDirectoryWhereAMovedOneWasRemoved(t *testing.T) {
 	assert.Equal(t, []string{"deleted d", "deleted d/g", "deleted d/sub", "deleted d/sub/f", "created d2", "created d2/sub", "created d2/sub/f"}, listing)
 }
 
+// chmod sets the mode of the directory p through the layers.
+func (s *stack) chmod(p string, mode uint32) {
+	s.t.Helper()
+	o := s.dir(p)
+	_, err := s.Setattr(p, &o, -1, SetAttr{Mode: &mode}, s.c)
+	require.NoError(s.t, err)
+}
+
 // createEmpty makes the empty file name in dir through the layers.
 func (s *stack) createEmpty(dir, name string) {
 	s.t.Helper()
@@ -584,10 +592,7 @@ func TestChangeSetThroughRenamesWhileAnOriginalDirectoryIsSwapped(t *testing.T) 
 func TestChangeSetWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
 	s := newStack(t, map[string]string{"d/f": "f", "d/sub/g1": "1", "d/sub/g2": "2", "elsewhere/": ""})
 	s.write("d/f", "changed")
-	mode := uint32(0o700)
-	o := s.dir("d/sub")
-	_, err := s.Setattr("d/sub", &o, -1, SetAttr{Mode: &mode}, s.c)
-	require.NoError(t, err)
+	s.chmod("d/sub", 0o700)
 	fd, _, err := s.Create("d/sub", s.dir("d/sub"), "n", 0o644, s.c)
 	require.NoError(t, err)
 	unix.Close(fd)
@@ -636,10 +641,7 @@ func TestChangeSetWhileAnOriginalDirectoryIsSwapped(t *testing.T) {
 // error after the last retry.
 func TestChangeSetReadAgainWhileTheOriginalChanges(t *testing.T) {
 	s := newStack(t, map[string]string{"d/f": "f"})
-	mode := uint32(0o700)
-	o := s.dir("d")
-	_, err := s.Setattr("d", &o, -1, SetAttr{Mode: &mode}, s.c)
-	require.NoError(t, err)
+	s.chmod("d", 0o700)
 	cfg := Config{Upper: s.upper, Work: s.work, Lowers: s.lowers}
 	d := filepath.Join(s.lower, "d")
 	swaps := 0
@@ -784,10 +786,7 @@ func TestChangeSetRemovalWhereANewObjectStands(t *testing.T) {
 func TestChangeSetRenamedDirectorySwappedWhileRead(t *testing.T) {
 	s := newStack(t, map[string]string{"d/f": "f", "d/sub/g": "g", "d/sub/h": "h", "e": "e"})
 	s.createEmpty("d/sub", "n")
-	mode := uint32(0o700)
-	o := s.dir("d/sub")
-	_, err := s.Setattr("d/sub", &o, -1, SetAttr{Mode: &mode}, s.c)
-	require.NoError(t, err)
+	s.chmod("d/sub", 0o700)
 	var moved Obj
 	require.NoError(t, s.Rename("d", s.dir("d"), "sub", &moved, "d", s.dir("d"), "moved", 0, s.c))
 	require.NoError(t, s.Rename("", s.dir(""), "d", &moved, "", s.dir(""), "renamed", 0, s.c))
