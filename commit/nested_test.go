@@ -191,7 +191,7 @@ func TestConflictsListEntriesADirectoryReplacementWouldDrop(t *testing.T) {
 		{Path: "d/sub", Kind: layers.Created, Type: "dir"},
 		{Path: "d/sub/n000", Kind: layers.Created, Type: "file"},
 	}}
-	got := conflicts(orig, s.cfg.Upper, torn, bases(s.cfg, recs), layers.Bases(recs))
+	got := conflicts(orig, s.cfg.Upper, torn, bases(s.cfg, layers.Bases(recs)), layers.Bases(recs))
 	assert.ElementsMatch(t, []Conflict{
 		{Path: "d/sub/g001", Reason: unaccountedReason},
 		{Path: "d/sub/g002", Reason: unaccountedReason},
@@ -206,7 +206,7 @@ func TestConflictsListEntriesADirectoryReplacementWouldDrop(t *testing.T) {
 	d := filepath.Join(s.orig, "d")
 	require.NoError(t, os.Rename(d, d+".real"))
 	require.NoError(t, os.Symlink(t.TempDir(), d))
-	left := unaccounted(orig, torn, newRenames(torn), bases(s.cfg, recs), layers.Bases(recs))
+	left := unaccounted(orig, torn, newRenames(torn), bases(s.cfg, layers.Bases(recs)), layers.Bases(recs))
 	require.NoError(t, os.Remove(d))
 	require.NoError(t, os.Rename(d+".real", d))
 	assert.Equal(t, []conflict{{Conflict{Path: "d", Reason: "replaced in the original"}, "d"}}, left)

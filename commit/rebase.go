@@ -2,6 +2,7 @@ package commit
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -18,9 +19,13 @@ import (
 const rebaseName = "rebase.json"
 
 // bases returns the signatures to check conflicts against: the journal's
-// first sight of each path, replaced by what an undo restored.
-func bases(cfg layers.Config, recs []layers.Record) map[string]layers.Signature {
-	b := layers.Bases(recs)
+// first sight of each path (journal, which stays as it is), replaced by
+// what an undo restored.
+func bases(cfg layers.Config, journal map[string]layers.Signature) map[string]layers.Signature {
+	b := maps.Clone(journal)
+	if b == nil {
+		b = map[string]layers.Signature{}
+	}
 	over, _ := readRebase(cfg.Work) // unreadable: the journal's bases, which conflict more, never less
 	for p, s := range over {
 		b[p] = s

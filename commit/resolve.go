@@ -125,16 +125,20 @@ func conflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]conflict, error) {
 	if len(cs.Changes) == 0 || len(cfg.Lowers) > 1 { // nothing to commit to (ErrSeveralLowers)
 		return nil, nil
 	}
-	recs, err := layers.ReadJournal(journalPath(cfg))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
+	journal := cs.Bases()
+	if journal == nil { // a change set made by hand
+		recs, err := layers.ReadJournal(journalPath(cfg))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		journal = layers.Bases(recs)
 	}
 	orig, err := openTree(cfg.Lowers[0])
 	if err != nil {
 		return nil, err
 	}
 	defer orig.close()
-	return findConflicts(orig, cfg.Upper, cs, bases(cfg, recs), layers.Bases(recs)), nil
+	return findConflicts(orig, cfg.Upper, cs, bases(cfg, journal), journal), nil
 }
 
 // readRebase reads the bases recorded over the journal's (by an undo, or

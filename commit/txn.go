@@ -128,10 +128,6 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	if err != nil {
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
-	recs, err := layers.ReadJournal(journalPath(cfg))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, &Error{Stage: StagePrepare, Err: err}
-	}
 	x := &Txn{cfg: cfg, work: work, opt: opt, changes: cs.Changes, lock: lock}
 	x.log = undoLog{ID: newID(), State: statePrepared, Original: cfg.Lowers[0], Message: opt.Message}
 	if len(cs.Changes) == 0 {
@@ -141,7 +137,7 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
 	if !opt.Force {
-		if cf := conflicts(x.orig, cfg.Upper, cs, bases(cfg, recs), layers.Bases(recs)); len(cf) > 0 {
+		if cf := conflicts(x.orig, cfg.Upper, cs, bases(cfg, cs.Bases()), cs.Bases()); len(cf) > 0 {
 			x.closeTrees()
 			return nil, &Error{Stage: StagePrepare, Conflicts: cf, Err: ErrConflict}
 		}

@@ -57,7 +57,17 @@ type ChangeSet struct {
 	// original's object at its own path is replaced by what stands there
 	// now, or removed by the change of that path.
 	Dropped []Change `json:"dropped,omitempty"`
+	// bases are the journal's base signatures the change set was read
+	// with (Bases).
+	bases map[string]Signature
 }
+
+// Bases returns the first base signature the journal records of every
+// original path (as the function Bases gives), read with the change set,
+// so that a caller needs no second read of the journal (which may have
+// grown since, while the mount is live). Nil for a change set not read
+// from a journal. The map is the change set's: do not change it.
+func (cs *ChangeSet) Bases() map[string]Signature { return cs.bases }
 
 // Changes computes the change set of a sandbox from its journal and the
 // state of exactly the paths the journal names, without a mount and without
@@ -102,10 +112,11 @@ type touched struct {
 	// finds what it moves without a scan of them all.
 	linkRev map[string]map[string]bool
 	index   pathIndex
-	// seen holds the mode of the object the sandbox saw at an original
-	// path before it changed it (the journal's base records, the first
-	// one of a path). Keyed by original path, so renames never move it.
-	seen map[string]uint32
+	// seen holds the signature of the object the sandbox saw at an
+	// original path before it changed it (the journal's base records,
+	// the first one of a path). Keyed by original path, so renames never
+	// move it. The change set hands it on (ChangeSet.Bases).
+	seen map[string]Signature
 	// movedFrom is from inverted once the journal is replayed: the
 	// paths something was moved to from an original path (movedAway).
 	movedFrom map[string][]string
@@ -120,13 +131,13 @@ type touched struct {
 
 func replay(recs []Record) *touched {
 	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
-		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]uint32{}, dirs: dirCache{}}
+		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]Signature{}, dirs: dirCache{}}
 	for _, r := range recs {
 		switch r.Op {
 		case OpBase: // names an original path, not a change
 			if _, ok := t.seen[r.Path]; !ok {
 				if sig, err := ParseSignature(r.Path2); err == nil {
-					t.seen[r.Path] = sig.Mode
+					t.seen[r.Path] = sig
 				}
 			}
 		case OpRename:
@@ -312,6 +323,7 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 	if err := l.checkDirs(t.dirs); err != nil {
 		return cs, err
 	}
+	cs.bases = t.seen
 	// A rename's source is gone by the rename itself.
 	renamedFrom := map[string]bool{}
 	for _, c := range cs.Changes {
@@ -500,7 +512,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			return Change{}, false, err
 		}
 	}
-	if seen := t.seen[cp]; seen != 0 && (!inLo || lo.st.Mode&unix.S_IFMT != seen&unix.S_IFMT) {
+	if seen := t.seen[cp].Mode; seen != 0 && (!inLo || lo.st.Mode&unix.S_IFMT != seen&unix.S_IFMT) {
 		// The sandbox saw the original's object at cp (it recorded its
 		// base), which the original no longer shows (nothing there, or
 		// an object of another type): the original

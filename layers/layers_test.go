@@ -894,3 +894,22 @@ func TestLowerReadsFollowNoSymlinkSwappedIn(t *testing.T) {
 		assert.NoFileExists(t, s.UpperPath(p), "nothing from outside was copied up")
 	}
 }
+
+// TestChangeSetCarriesTheJournalsBases: the change set hands on the base
+// signatures it read the journal with, as Bases gives them from the
+// journal, so that status and commit read the journal once.
+func TestChangeSetCarriesTheJournalsBases(t *testing.T) {
+	s := newStack(t, map[string]string{"a": "a", "d/b": "b", "d/c": "c"})
+	s.write("a", "changed")
+	s.chmod("d", 0o700)
+	require.NoError(t, s.Unlink("d", s.dir("d"), "c", s.c))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	recs, err := s.Journal().Records()
+	require.NoError(t, err)
+	want := Bases(recs)
+	require.Contains(t, want, "a")
+	require.Contains(t, want, "d/c")
+	assert.Equal(t, want, cs.Bases())
+	assert.Nil(t, (&ChangeSet{}).Bases(), "a change set made by hand has none")
+}
