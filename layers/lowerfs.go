@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -131,6 +132,56 @@ func (l *Layers) lowerReadlink(o Origin) (string, error) {
 	}
 	return string(buf[:n]), nil
 }
+
+// lowerGetxattr reads the attribute attr of the lower object o (as
+// lgetxattr): getxattrat(2) in its directory, or before Linux 6.13 the
+// path lowerDo gives.
+func (l *Layers) lowerGetxattr(o Origin, attr string, dest []byte) (int, error) {
+	if !noXattrAt.Load() {
+		dir, name, err := l.lowerDir(o)
+		if err != nil {
+			return 0, err
+		}
+		n, err := fsutil.GetxattrAt(dir, name, attr, dest)
+		unix.Close(dir)
+		if !errors.Is(err, unix.ENOSYS) {
+			return n, err
+		}
+		noXattrAt.Store(true)
+	}
+	var n int
+	err := l.lowerDo(o, func(p string) (err error) {
+		n, err = unix.Lgetxattr(p, attr, dest)
+		return err
+	})
+	return n, err
+}
+
+// lowerListxattrs lists the attribute names of the lower object o (as
+// lowerGetxattr).
+func (l *Layers) lowerListxattrs(o Origin) ([]string, error) {
+	if !noXattrAt.Load() {
+		dir, name, err := l.lowerDir(o)
+		if err != nil {
+			return nil, err
+		}
+		names, err := fsutil.LListXattrsAt(dir, name)
+		unix.Close(dir)
+		if !errors.Is(err, unix.ENOSYS) {
+			return names, err
+		}
+		noXattrAt.Store(true)
+	}
+	var names []string
+	err := l.lowerDo(o, func(p string) (err error) {
+		names, err = fsutil.LListXattrs(p)
+		return err
+	})
+	return names, err
+}
+
+// noXattrAt is set once getxattrat(2) gave ENOSYS (Linux before 6.13).
+var noXattrAt atomic.Bool
 
 // lowerDo calls f with a path of the lower object o that leads through
 // no symlink of the original: /proc/self/fd/DIR/NAME, DIR its directory

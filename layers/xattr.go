@@ -108,21 +108,21 @@ func (l *Layers) Getxattr(rel string, o Obj, name string, dest []byte) (int, err
 	if l.Private(name) {
 		return 0, unix.ENODATA
 	}
-	var n int
-	err := l.realDo(rel, o, func(p string) (err error) {
-		n, err = unix.Lgetxattr(p, name, dest)
-		return err
-	})
-	return n, err
+	if up, lower := l.real(rel, o); !lower {
+		return unix.Lgetxattr(up, name, dest)
+	}
+	return l.lowerGetxattr(o.Lowers[0], name, dest)
 }
 
 // Listxattr lists the user-visible attribute names of the object at rel.
 func (l *Layers) Listxattr(rel string, o Obj) ([]string, error) {
 	var names []string
-	err := l.realDo(rel, o, func(p string) (err error) {
-		names, err = fsutil.LListXattrs(p)
-		return err
-	})
+	var err error
+	if up, lower := l.real(rel, o); !lower {
+		names, err = fsutil.LListXattrs(up)
+	} else {
+		names, err = l.lowerListxattrs(o.Lowers[0])
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -144,10 +144,7 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 		// A create of an attribute there is, or a replace of one there
 		// is not, fails without a change: check before the copy-up,
 		// which would part a name of an original hard link.
-		err := l.realDo(rel, *o, func(p string) error {
-			_, err := unix.Lgetxattr(p, name, nil)
-			return err
-		})
+		_, err := l.Getxattr(rel, *o, name, nil)
 		switch {
 		case err == nil && flags&unix.XATTR_CREATE != 0:
 			return unix.EEXIST
@@ -170,10 +167,7 @@ func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
 		return unix.ENODATA
 	}
 	// A missing attribute is an error without a change: check before copy-up.
-	if err := l.realDo(rel, *o, func(p string) error {
-		_, err := unix.Lgetxattr(p, name, nil)
-		return err
-	}); err != nil {
+	if _, err := l.Getxattr(rel, *o, name, nil); err != nil {
 		return err
 	}
 	if err := l.record(OpRemovexattr, rel, "", 0, c); err != nil {
