@@ -55,6 +55,10 @@ type Config struct {
 // behind the sandbox's back can be seen late, by at most this much.
 const DefaultTimeout = 30 * time.Second
 
+// lowerDirHold is how long the server keeps a directory of the original
+// it opened for a read, for the next reads there.
+const lowerDirHold = time.Second
+
 // Server is a mounted sandbox.
 type Server struct {
 	freezeMu   sync.Mutex // serialises Freeze, Thaw and Reset
@@ -93,6 +97,10 @@ func Mount(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	opts := fsys.options(cfg)
+	// Lower reads come in bursts in one directory (ls -l): keep the
+	// directories they open for a moment, never longer than the kernel
+	// keeps the entries it looked up (layers/lowerdirs.go).
+	l.HoldLowerDirs(min(*opts.EntryTimeout, lowerDirHold))
 	// The root reports the upper root's stable inode number like every
 	// other node (go-fuse would report 0).
 	opts.RootStableAttr = &fusefs.StableAttr{Ino: fsys.rootIno, Mode: unix.S_IFDIR}

@@ -118,6 +118,7 @@ type Layers struct {
 	rootsMu   sync.RWMutex // held for reading while a root descriptor is used
 	rootFds   []int
 	rootsErr  error
+	held      *heldDirs // lower directories kept for the next reads (lowerdirs.go)
 	// ordered says the upper's filesystem writes a file's data before a
 	// later rename (fsutil.OrdersDataBeforeRename): a copy-up need not
 	// wait for its fsync.

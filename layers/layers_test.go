@@ -87,13 +87,7 @@ func (s *stack) names(p string) []string {
 func (s *stack) read(p string) string {
 	e, err := s.lookup(p)
 	require.NoError(s.t, err, p)
-	fd, _, err := s.Open(p, &e.Obj, unix.O_RDONLY, s.c)
-	require.NoError(s.t, err)
-	defer unix.Close(fd)
-	buf := make([]byte, 1<<16)
-	n, err := unix.Read(fd, buf)
-	require.NoError(s.t, err)
-	return string(buf[:n])
+	return s.readObj(p, e.Obj)
 }
 
 func (s *stack) write(p, data string) {

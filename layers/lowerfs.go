@@ -53,6 +53,9 @@ func (l *Layers) lowerRoot(i int) (int, error) {
 // closeLowerRoots closes the layers' directories, if opened.
 func (l *Layers) closeLowerRoots() {
 	l.rootsOnce.Do(func() {}) // none opened from now on
+	if l.held != nil {
+		l.held.drop(true)
+	}
 	l.rootsMu.Lock()
 	defer l.rootsMu.Unlock()
 	for _, fd := range l.rootFds {
@@ -64,15 +67,10 @@ func (l *Layers) closeLowerRoots() {
 var errClosed = errors.New("layers: closed")
 
 // lowerDir opens (O_PATH) the directory that holds the lower object o,
-// beneath o's layer, and returns it with o's name in it ("." for the
-// layer's root). The caller closes dir.
-func (l *Layers) lowerDir(o Origin) (dir int, name string, err error) {
-	l.rootsMu.RLock()
-	defer l.rootsMu.RUnlock()
-	root, err := l.lowerRoot(o.Layer)
-	if err != nil {
-		return -1, "", err
-	}
+// beneath o's layer, or lends one held (lowerdirs.go), and returns it
+// with o's name in it ("." for the layer's root). The caller releases
+// dir (releaseDir).
+func (l *Layers) lowerDir(o Origin) (dir dirRef, name string, err error) {
 	parent, name := "", "."
 	if p := o.layerPath(); p != "" {
 		parent, name = Split(p)
@@ -80,11 +78,40 @@ func (l *Layers) lowerDir(o Origin) (dir int, name string, err error) {
 	if parent == "" {
 		parent = "."
 	}
-	dir, err = fsutil.OpenBeneathRaw(root, parent, unix.O_PATH|unix.O_DIRECTORY)
+	k := heldDirKey{o.Layer, parent}
+	if l.held != nil {
+		if h := l.held.get(k); h != nil {
+			return dirRef{fd: h.fd, h: h}, name, nil
+		}
+	}
+	l.rootsMu.RLock()
+	defer l.rootsMu.RUnlock()
+	root, err := l.lowerRoot(o.Layer)
+	if err != nil {
+		return dirRef{fd: -1}, "", err
+	}
+	fd, err := fsutil.OpenBeneathRaw(root, parent, unix.O_PATH|unix.O_DIRECTORY)
 	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
 		err = unix.ENOTDIR // a symlink on the way: no object of the original there
 	}
-	return dir, name, err
+	if err != nil {
+		return dirRef{fd: -1}, "", err
+	}
+	if l.held != nil {
+		if h := l.held.put(k, fd); h != nil {
+			return dirRef{fd: fd, h: h}, name, nil
+		}
+	}
+	return dirRef{fd: fd}, name, nil
+}
+
+// releaseDir gives back a directory lowerDir lent.
+func (l *Layers) releaseDir(d dirRef) {
+	if d.h != nil {
+		l.held.release(d.h)
+	} else {
+		unix.Close(d.fd)
+	}
 }
 
 // lowerLstat is lstat of the lower object o.
@@ -93,8 +120,8 @@ func (l *Layers) lowerLstat(o Origin, st *unix.Stat_t) error {
 	if err != nil {
 		return err
 	}
-	err = unix.Fstatat(dir, name, st, unix.AT_SYMLINK_NOFOLLOW)
-	unix.Close(dir)
+	err = unix.Fstatat(dir.fd, name, st, unix.AT_SYMLINK_NOFOLLOW)
+	l.releaseDir(dir)
 	return err
 }
 
@@ -104,9 +131,9 @@ func (l *Layers) lowerOpen(o Origin, flags int) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	defer unix.Close(dir)
+	defer l.releaseDir(dir)
 	for {
-		fd, err := unix.Openat(dir, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := unix.Openat(dir.fd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if !errors.Is(err, unix.EINTR) {
 			return fd, err
 		}
@@ -124,9 +151,9 @@ func (l *Layers) lowerReadlink(o Origin) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer unix.Close(dir)
+	defer l.releaseDir(dir)
 	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlinkat(dir, name, buf)
+	n, err := unix.Readlinkat(dir.fd, name, buf)
 	if err != nil {
 		return "", err
 	}
@@ -142,8 +169,8 @@ func (l *Layers) lowerGetxattr(o Origin, attr string, dest []byte) (int, error) 
 		if err != nil {
 			return 0, err
 		}
-		n, err := fsutil.GetxattrAt(dir, name, attr, dest)
-		unix.Close(dir)
+		n, err := fsutil.GetxattrAt(dir.fd, name, attr, dest)
+		l.releaseDir(dir)
 		if !errors.Is(err, unix.ENOSYS) {
 			return n, err
 		}
@@ -165,8 +192,8 @@ func (l *Layers) lowerListxattrs(o Origin) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		names, err := fsutil.LListXattrsAt(dir, name)
-		unix.Close(dir)
+		names, err := fsutil.LListXattrsAt(dir.fd, name)
+		l.releaseDir(dir)
 		if !errors.Is(err, unix.ENOSYS) {
 			return names, err
 		}
@@ -196,8 +223,8 @@ func (l *Layers) lowerDo(o Origin, f func(path string) error) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(dir)
-	return f("/proc/self/fd/" + strconv.Itoa(dir) + "/" + name)
+	defer l.releaseDir(dir)
+	return f("/proc/self/fd/" + strconv.Itoa(dir.fd) + "/" + name)
 }
 
 // procFds reports whether /proc/self/fd leads to this process's

@@ -12,6 +12,9 @@ import (
 // meanwhile (the mount is frozen). Used after a commit or rollback that
 // keeps the sandbox mounted.
 func (l *Layers) Reset() error {
+	// The commit before changed the original: read it anew.
+	l.dropHeldDirs()
+	defer l.dropHeldDirs()
 	ents, err := os.ReadDir(l.upper)
 	if err != nil {
 		return err

@@ -234,3 +234,35 @@ func TestOriginalChangedBehindListing(t *testing.T) {
 	_, err := os.Lstat(sb.path("d/b"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "a name removed from the original")
 }
+
+// TestOriginalDirectoryReplacedBehindTheMount: a directory of the original
+// replaced behind the sandbox (moved away, a new one made at its name)
+// shows through the mount once the kernel's caches time out (here 1 s):
+// the server keeps the original's directories it read for at most that
+// long (layers/lowerdirs.go), so a name only the new directory has is
+// found, and one only the old had is gone.
+func TestOriginalDirectoryReplacedBehindTheMount(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/a": "a", "d/sub/x": "x"})
+	sb := mountSandbox(t, orig, withTimeout(time.Second))
+	assert.Equal(t, "a", mustRead(t, sb.path("d/a")))
+	lstat(t, sb.path("d/sub/x"))
+	require.NoError(t, os.Rename(filepath.Join(orig, "d"), filepath.Join(orig, "old")))
+	writeTree(t, orig, map[string]string{"d/b": "b", "d/sub/y": "y"})
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, errB := os.Lstat(sb.path("d/b"))
+		_, errY := os.Lstat(sb.path("d/sub/y"))
+		if errB == nil && errY == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "10 s after d was replaced in the original (timeouts 1 s): d/b: %v, d/sub/y: %v", errB, errY)
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Equal(t, "b", mustRead(t, sb.path("d/b")))
+	for _, p := range []string{"d/a", "d/sub/x"} {
+		_, err := os.Lstat(sb.path(p))
+		assert.ErrorIs(t, err, os.ErrNotExist, "%s: only the old d had it", p)
+	}
+	assert.Equal(t, "a", mustRead(t, sb.path("old/a")), "the old d, at its new name")
+}
