@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,6 +80,62 @@ func BenchmarkReplayRenames(b *testing.B) {
 				replay(recs)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/rename")
+		})
+	}
+}
+
+// BenchmarkLowerLookup looks up original files, 40 in each of 50
+// directories, as LOOKUPs of a walk arrive: with the serving process's
+// held directories (HoldLowerDirs) and without (each read opens its
+// directory beneath the layer's root). Warm caches: what it measures is
+// the server's system calls, not the disk. Run:
+//
+//	go test ./layers -run XXX -bench LowerLookup
+func BenchmarkLowerLookup(b *testing.B) {
+	lower := filepath.Join(b.TempDir(), "lower")
+	for d := range 50 {
+		for f := range 40 {
+			p := filepath.Join(lower, fmt.Sprintf("d%d/e/f%d", d, f))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				b.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, held := range []bool{false, true} {
+		b.Run(fmt.Sprintf("held=%v", held), func(b *testing.B) {
+			dir := b.TempDir()
+			upper, work := filepath.Join(dir, "u"), filepath.Join(dir, "w")
+			for _, d := range []string{upper, work} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					b.Fatal(err)
+				}
+			}
+			l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			if held {
+				l.HoldLowerDirs(time.Second)
+			}
+			dirs := make([]Obj, 50)
+			for d := range dirs {
+				e, ok, err := l.resolve(fmt.Sprintf("d%d/e", d))
+				if err != nil || !ok {
+					b.Fatal(err)
+				}
+				dirs[d] = e.Obj
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				d := i / 40 % 50
+				if _, err := l.Lookup(fmt.Sprintf("d%d/e", d), dirs[d], fmt.Sprintf("f%d", i%40)); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
