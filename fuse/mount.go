@@ -55,6 +55,14 @@ type Config struct {
 // behind the sandbox's back can be seen late, by at most this much.
 const DefaultTimeout = 30 * time.Second
 
+// entryTimeout is the lifetime of the kernel's entries.
+func (cfg Config) entryTimeout() time.Duration {
+	if cfg.EntryTimeout == 0 {
+		return DefaultTimeout
+	}
+	return cfg.EntryTimeout
+}
+
 // lowerDirHold is how long the server keeps a directory of the original
 // it opened for a read, for the next reads there.
 const lowerDirHold = time.Second
@@ -85,6 +93,10 @@ func Mount(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Lower reads come in bursts in one directory (ls -l): keep the
+	// directories they open for a moment, never longer than the kernel
+	// keeps the entries it looked up (layers/lowerdirs.go).
+	l.HoldLowerDirs(min(cfg.entryTimeout(), lowerDirHold))
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -97,10 +109,6 @@ func Mount(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	opts := fsys.options(cfg)
-	// Lower reads come in bursts in one directory (ls -l): keep the
-	// directories they open for a moment, never longer than the kernel
-	// keeps the entries it looked up (layers/lowerdirs.go).
-	l.HoldLowerDirs(min(*opts.EntryTimeout, lowerDirHold))
 	// The root reports the upper root's stable inode number like every
 	// other node (go-fuse would report 0).
 	opts.RootStableAttr = &fusefs.StableAttr{Ino: fsys.rootIno, Mode: unix.S_IFDIR}
@@ -237,10 +245,7 @@ func raiseReadahead(dev uint64) {
 }
 
 func (fs *filesystem) options(cfg Config) *fusefs.Options {
-	entry, attr, neg := cfg.EntryTimeout, cfg.AttrTimeout, cfg.NegativeTimeout
-	if entry == 0 {
-		entry = DefaultTimeout
-	}
+	entry, attr, neg := cfg.entryTimeout(), cfg.AttrTimeout, cfg.NegativeTimeout
 	if attr == 0 {
 		attr = DefaultTimeout
 	}
