@@ -2,6 +2,7 @@ package layers
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,8 +32,23 @@ import (
 // there a directory swapped while the read runs must be seen
 // (checkDirs).
 
-// heldDirsMax bounds the descriptors held at once.
+// heldDirsMax bounds the descriptors a stack holds at once.
 const heldDirsMax = 256
+
+// heldOpen counts the descriptors the held directories of every stack of
+// this process keep open. heldBudget caps it at an eighth of the
+// process's descriptor limit: a daemon serving many busy sandboxes keeps
+// room for the descriptors its work needs (a variable for the tests).
+var (
+	heldOpen   atomic.Int64
+	heldBudget = sync.OnceValue(func() int64 {
+		var rl unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+			return 128
+		}
+		return int64(min(rl.Cur, 1<<20) / 8)
+	})
+)
 
 type heldDirKey struct {
 	layer int
@@ -86,8 +102,8 @@ func (c *heldDirs) get(k heldDirKey) *heldDir {
 }
 
 // put holds fd, just opened, as the directory k, counted as in use. It
-// reports nil when fd is not held (the cache dropped), and then the
-// caller keeps fd as its own.
+// reports nil when fd is not held (the cache dropped, or the process's
+// budget spent), and then the caller keeps fd as its own.
 func (c *heldDirs) put(k heldDirKey, fd int) *heldDir {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -97,10 +113,14 @@ func (c *heldDirs) put(k heldDirKey, fd int) *heldDir {
 	if old := c.m[k]; old != nil {
 		c.dropLocked(k, old) // a read raced this one to open it: the later wins
 	}
-	if len(c.m) >= heldDirsMax {
+	if len(c.m) >= heldDirsMax || heldOpen.Load() >= heldBudget() {
 		c.expireLocked(true)
+		if heldOpen.Load() >= heldBudget() {
+			return nil
+		}
 	}
 	h := &heldDir{fd: fd, refs: 1, opened: time.Now()}
+	heldOpen.Add(1)
 	c.m[k] = h
 	if c.sweep == nil {
 		c.sweep = time.AfterFunc(c.ttl, c.expire)
@@ -115,8 +135,14 @@ func (c *heldDirs) release(h *heldDir) {
 	last := h.gone && h.refs == 0
 	c.mu.Unlock()
 	if last {
-		unix.Close(h.fd)
+		h.close()
 	}
+}
+
+// close closes a held directory no read uses any more.
+func (h *heldDir) close() {
+	unix.Close(h.fd)
+	heldOpen.Add(-1)
 }
 
 // dropLocked takes h, held as k, out of the map; its descriptor closes
@@ -125,19 +151,20 @@ func (c *heldDirs) dropLocked(k heldDirKey, h *heldDir) {
 	delete(c.m, k)
 	h.gone = true
 	if h.refs == 0 {
-		unix.Close(h.fd)
+		h.close()
 	}
 }
 
 // expireLocked drops the expired directories; with room, at least one
-// (the map is full).
+// (the map is full or the budget spent).
 func (c *heldDirs) expireLocked(room bool) {
+	n := len(c.m)
 	for k, h := range c.m {
 		if time.Since(h.opened) >= c.ttl {
 			c.dropLocked(k, h)
 		}
 	}
-	if room && len(c.m) >= heldDirsMax {
+	if room && len(c.m) == n {
 		for k, h := range c.m {
 			c.dropLocked(k, h)
 			break

@@ -154,3 +154,29 @@ func (s *stack) readObj(p string, o Obj) string {
 	require.NoError(s.t, err)
 	return string(buf[:n])
 }
+
+// TestHeldLowerDirsBudget: the stacks of one process hold no more
+// descriptors together than the budget (an eighth of the descriptor
+// limit; 3 here), and a read past it still works, on its own descriptor.
+func TestHeldLowerDirsBudget(t *testing.T) {
+	saved := heldBudget
+	heldBudget = func() int64 { return 3 }
+	defer func() { heldBudget = saved }()
+	files := map[string]string{}
+	for i := range 6 {
+		files[fmt.Sprintf("d%d/f", i)] = "x"
+	}
+	a, b := newStack(t, files), newStack(t, files)
+	a.HoldLowerDirs(time.Hour)
+	b.HoldLowerDirs(time.Hour)
+	for i := range 6 {
+		for _, s := range []*stack{a, b} {
+			assert.Equal(t, "x", s.read(fmt.Sprintf("d%d/f", i)))
+			assert.LessOrEqual(t, heldOpen.Load(), int64(3))
+		}
+	}
+	assert.LessOrEqual(t, openUnder(t, a.lower)+openUnder(t, b.lower), 2+3, "the layers' roots and at most 3 held")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	assert.Zero(t, heldOpen.Load(), "every held descriptor closed and counted out")
+}
