@@ -139,3 +139,48 @@ func BenchmarkLowerLookup(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStat is the GETATTR of the serving process: a directory merged
+// from the upper and the original (asked after every create or unlink in
+// it), a file of the upper and a file of the original. Run:
+//
+//	go test ./layers -run XXX -bench 'Stat$'
+func BenchmarkStat(b *testing.B) {
+	dir := b.TempDir()
+	lower, upper, work := filepath.Join(dir, "l"), filepath.Join(dir, "u"), filepath.Join(dir, "w")
+	for _, d := range []string{filepath.Join(lower, "a/b/d"), upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(lower, "a/b/d/orig"), []byte("x"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	d, ok, err := l.resolve("a/b/d")
+	if err != nil || !ok {
+		b.Fatal(err)
+	}
+	fd, _, err := l.Create("a/b/d", d.Obj, "new", 0o644, Caller{Pid: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	unix.Close(fd)
+	for _, p := range []string{"a/b/d", "a/b/d/new", "a/b/d/orig"} {
+		e, ok, err := l.resolve(p)
+		if err != nil || !ok {
+			b.Fatal(p, err)
+		}
+		b.Run(filepath.Base(p), func(b *testing.B) {
+			for range b.N {
+				if _, err := l.Stat(p, e.Obj); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

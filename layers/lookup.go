@@ -303,15 +303,20 @@ func (l *Layers) realDo(rel string, o Obj, f func(path string) error) error {
 
 // Stat returns the attributes of the object at rel (the inode number is the
 // real one; callers substitute the stable number they hold).
+//
+// One lstat of the upper path answers both questions real asks and the
+// attributes (until 2026-11-27 a merged directory's GETATTR, which the
+// kernel sends after every create or unlink in it, made three).
 func (l *Layers) Stat(rel string, o Obj) (unix.Stat_t, error) {
 	var st unix.Stat_t
-	up, lower := l.real(rel, o)
-	if lower {
+	err := unix.Lstat(l.UpperPath(rel), &st)
+	if !o.Upper && len(o.Lowers) > 0 && (err != nil || fsutil.IsWhiteout(&st)) {
+		// Not in the upper (as real decides): the original's.
+		st = unix.Stat_t{}
 		return st, l.lowerLstat(o.Lowers[0], &st)
 	}
-	err := unix.Lstat(up, &st)
-	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && len(o.Lowers) > 0 && l.inUpper(rel) {
-		st.Nlink = 1
+	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && len(o.Lowers) > 0 {
+		st.Nlink = 1 // merged directory: a link count would lie
 	}
 	return st, err
 }
