@@ -15,13 +15,7 @@ import (
 //
 //	go test ./layers -run XXX -bench Changes -benchtime 30x
 func BenchmarkChanges(b *testing.B) {
-	dir := b.TempDir()
-	lower, upper, work := filepath.Join(dir, "l"), filepath.Join(dir, "u"), filepath.Join(dir, "w")
-	for _, d := range []string{upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
+	lower := filepath.Join(b.TempDir(), "l")
 	for i := 0; i < 1000; i++ {
 		p := filepath.Join(lower, fmt.Sprintf("a/b%d/c", i%20), fmt.Sprintf("f%d", i))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -31,11 +25,7 @@ func BenchmarkChanges(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l := benchStack(b, lower)
 	for i := 0; i < 1000; i++ {
 		p := fmt.Sprintf("a/b%d/c/f%d", i%20, i)
 		e, ok, err := l.resolve(p)
@@ -106,18 +96,7 @@ func BenchmarkLowerLookup(b *testing.B) {
 	}
 	for _, held := range []bool{false, true} {
 		b.Run(fmt.Sprintf("held=%v", held), func(b *testing.B) {
-			dir := b.TempDir()
-			upper, work := filepath.Join(dir, "u"), filepath.Join(dir, "w")
-			for _, d := range []string{upper, work} {
-				if err := os.MkdirAll(d, 0o755); err != nil {
-					b.Fatal(err)
-				}
-			}
-			l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer l.Close()
+			l := benchStack(b, lower)
 			if held {
 				l.HoldLowerDirs(time.Second)
 			}
@@ -146,21 +125,14 @@ func BenchmarkLowerLookup(b *testing.B) {
 //
 //	go test ./layers -run XXX -bench 'Stat$'
 func BenchmarkStat(b *testing.B) {
-	dir := b.TempDir()
-	lower, upper, work := filepath.Join(dir, "l"), filepath.Join(dir, "u"), filepath.Join(dir, "w")
-	for _, d := range []string{filepath.Join(lower, "a/b/d"), upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			b.Fatal(err)
-		}
+	lower := filepath.Join(b.TempDir(), "l")
+	if err := os.MkdirAll(filepath.Join(lower, "a/b/d"), 0o755); err != nil {
+		b.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(lower, "a/b/d/orig"), []byte("x"), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
+	l := benchStack(b, lower)
 	d, ok, err := l.resolve("a/b/d")
 	if err != nil || !ok {
 		b.Fatal(err)
@@ -183,4 +155,23 @@ func BenchmarkStat(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchStack opens a stack over lower with a new upper and work directory,
+// closed when the benchmark ends.
+func benchStack(b *testing.B, lower string) *Layers {
+	b.Helper()
+	dir := b.TempDir()
+	upper, work := filepath.Join(dir, "u"), filepath.Join(dir, "w")
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	l, err := Open(Config{Upper: upper, Work: work, Lowers: []string{lower}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	return l
 }
