@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -32,6 +33,9 @@ type Recovery struct {
 // before, the sandbox keeps its changes), one that had is finished (the
 // backups are dropped).
 func Recover(cfg layers.Config, opt RecoverOptions) (Recovery, error) {
+	if err := fsutil.NeedProc(); err != nil {
+		return Recovery{}, &Error{Stage: StageRecover, Err: err}
+	}
 	lock, err := lockSandbox(cfg.Work)
 	if err != nil {
 		return Recovery{}, &Error{Stage: StageRecover, Err: err}

@@ -103,6 +103,9 @@ func Prepare(cfg layers.Config, opt Options) (*Txn, error) {
 	if len(cfg.Lowers) > 1 {
 		return nil, &Error{Stage: StagePrepare, Err: ErrSeveralLowers}
 	}
+	if err := fsutil.NeedProc(); err != nil {
+		return nil, &Error{Stage: StagePrepare, Err: err}
+	}
 	lock, err := lockSandbox(cfg.Work)
 	if err != nil {
 		return nil, &Error{Stage: StagePrepare, Err: err}

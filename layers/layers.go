@@ -292,6 +292,9 @@ func newLayers(cfg Config) (*Layers, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := fsutil.NeedProc(); err != nil {
+		return nil, err
+	}
 	l := &Layers{
 		upper:  cfg.Upper,
 		work:   cfg.Work,
@@ -366,10 +369,6 @@ func (l *Layers) Sync() error { return l.Journal().Sync() }
 
 // UpperPath returns the real path of rel in the upper layer.
 func (l *Layers) UpperPath(rel string) string { return join(l.upper, rel) }
-
-// lowerPath returns the path of an origin: for reads only through
-// lowerfs.go, which follows no symlink of the original on the way.
-func (l *Layers) lowerPath(o Origin) string { return join(l.lowers[o.Layer], o.layerPath()) }
 
 // UpperDir is the upper layer's root.
 func (l *Layers) UpperDir() string { return l.upper }

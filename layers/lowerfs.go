@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -216,9 +215,6 @@ var noXattrAt atomic.Bool
 // form (the l*xattr family) and code that takes paths; f must not follow
 // the last component.
 func (l *Layers) lowerDo(o Origin, f func(path string) error) error {
-	if !procFds() {
-		return f(l.lowerPath(o)) // no /proc: by path, as before
-	}
 	dir, name, err := l.lowerDir(o)
 	if err != nil {
 		return err
@@ -226,10 +222,3 @@ func (l *Layers) lowerDo(o Origin, f func(path string) error) error {
 	defer l.releaseDir(dir)
 	return f("/proc/self/fd/" + strconv.Itoa(dir.fd) + "/" + name)
 }
-
-// procFds reports whether /proc/self/fd leads to this process's
-// descriptors (a container may have no /proc).
-var procFds = sync.OnceValue(func() bool {
-	var st unix.Stat_t
-	return unix.Stat("/proc/self/fd", &st) == nil
-})

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -168,4 +170,45 @@ func TestBadInputEverySubcommand(t *testing.T) {
 	assert.NoDirExists(t, filepath.Join(plain, "work"), "no sandbox was made")
 	entries, _ := os.ReadDir(mnt)
 	assert.Empty(t, entries)
+}
+
+// TestNoProcSaysMountIt runs sbxfs where /proc is not mounted (a mount
+// namespace that unmounted it): mount, status and commit fail with one
+// message that names the cause and the fix, mount nothing and change
+// neither the original nor the sandbox.
+func TestNoProcSaysMountIt(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("unshare -m needs root")
+	}
+	bin := sbxfsBin(t)
+	dir := realTempDir(t)
+	orig, mnt, upper := filepath.Join(dir, "orig"), filepath.Join(dir, "mnt"), filepath.Join(dir, "upper")
+	for _, d := range []string{orig, mnt} {
+		require.NoError(t, os.Mkdir(d, 0o755))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(orig, "a"), []byte("original"), 0o644))
+	for _, args := range [][]string{
+		{"mount", "--upper", upper, orig, mnt},
+		{"status", upper},
+		{"commit", upper},
+	} {
+		cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+			`umount -l /proc && exec "$@"`, "sh", bin)
+		cmd.Args = append(cmd.Args, args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%v: %s", args, stderr.String())
+		assert.Equal(t, exitInternal, ee.ExitCode(), "%v", args)
+		assert.Regexp(t, `^sbxfs: no /proc: .*mount it \(mount -t proc proc /proc\) and try again \(.*\)\n$`, stderr.String(), "%v", args)
+		assert.Empty(t, stdout.String(), "%v", args)
+	}
+	entries, err := os.ReadDir(mnt)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing was mounted")
+	got, err := os.ReadFile(filepath.Join(orig, "a"))
+	require.NoError(t, err)
+	assert.Equal(t, "original", string(got))
 }

@@ -24,6 +24,8 @@ import (
 	"runtime/debug"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -54,6 +56,11 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		err = runHelper(argv[1:])
 	} else {
 		err = app.Run(argv)
+	}
+	if err != nil && fsutil.NeedProc() != nil {
+		// Whatever failed, the cause to fix is the missing /proc (the
+		// mount table, descriptors' names and the layers need it).
+		err = failf(exitInternal, "%v (%v)", fsutil.ErrNoProc, err)
 	}
 	code := exitCode(err)
 	if err != nil {
