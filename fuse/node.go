@@ -55,12 +55,12 @@ type node struct {
 	// open holds the node's open handles, so a node unlinked while open
 	// can still be changed through one of them.
 	open map[*handle]bool
-	// last is the node's last known attributes (lastOK when set), for an
+	// last is what the node keeps of its last known attributes, for an
 	// fstat after it was removed while open.
-	last   unix.Stat_t
-	lastOK bool
-	// dir is a directory's listing state (node_dir.go).
-	dir dirState
+	last lastAttrs
+	// dir is a directory's listing state (node_dir.go), nil for any
+	// other node: a file or link node is a quarter smaller without it.
+	dir *dirState
 	// reissued: n is a name of an original file with several links, and
 	// its kernel entry was dropped once a copy-up parted it (reissue);
 	// linkedHere: the sandbox gave n another name (Link), so dropping
@@ -144,7 +144,7 @@ func (fs *filesystem) newRoot() (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	fs.root = &node{fs: fs, obj: e.Obj}
+	fs.root = newNode(fs, e.Obj, unix.S_IFDIR)
 	fs.rootIno = e.Stat.Ino
 	return fs.root, nil
 }
@@ -204,7 +204,7 @@ func caller(ctx context.Context) layers.Caller {
 // hit another file). Any other file node a lookup replaces is taken out
 // of n first, for the same reason.
 func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
-	child := &node{fs: n.fs, obj: e.Obj}
+	child := newNode(n.fs, e.Obj, e.Stat.Mode)
 	sa := fusefs.StableAttr{Mode: e.Stat.Mode & unix.S_IFMT, Ino: e.Stat.Ino}
 	if !e.Upper && sa.Mode != unix.S_IFDIR && e.Stat.Nlink > 1 {
 		sa.Gen = n.linkGen(name)
@@ -226,7 +226,7 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
 	if cn, ok := ino.Operations().(*node); ok {
 		cn.mu.Lock()
-		cn.last, cn.lastOK = e.Stat, true
+		cn.last = keepAttrs(&e.Stat)
 		cn.mu.Unlock()
 	}
 	return ino
@@ -244,7 +244,7 @@ func (n *node) keeps(e *layers.Entry) bool {
 	if n.reissued {
 		return false
 	}
-	n.obj, n.last, n.lastOK = e.Obj, e.Stat, true
+	n.obj, n.last = e.Obj, keepAttrs(&e.Stat)
 	return true
 }
 
@@ -354,6 +354,51 @@ func (n *node) linkGen(name string) uint64 {
 }
 
 // fillAttr copies st into out with the node's stable inode number.
+// newNode makes the node of an object of type mode (S_IFMT bits) kept
+// in obj.
+func newNode(fs *filesystem, obj layers.Obj, mode uint32) *node {
+	n := &node{fs: fs, obj: obj}
+	if mode&unix.S_IFMT == unix.S_IFDIR {
+		n.dir = &dirState{}
+	}
+	return n
+}
+
+// lastAttrs is what a node keeps of its last known attributes: what
+// fillAttr sends of a unix.Stat_t, in 80 bytes instead of 144 (every
+// node the kernel knows has one). The zero value says none are known
+// (every object has a type in its mode).
+type lastAttrs struct {
+	size, blocks              int64
+	atime, mtime, ctime       int64
+	atimeNs, mtimeNs, ctimeNs uint32
+	mode, nlink, uid, gid     uint32
+	rdev, blksize             uint32
+}
+
+func keepAttrs(st *unix.Stat_t) lastAttrs {
+	return lastAttrs{
+		size: st.Size, blocks: st.Blocks,
+		atime: st.Atim.Sec, mtime: st.Mtim.Sec, ctime: st.Ctim.Sec,
+		atimeNs: uint32(st.Atim.Nsec), mtimeNs: uint32(st.Mtim.Nsec), ctimeNs: uint32(st.Ctim.Nsec),
+		mode: st.Mode, nlink: uint32(st.Nlink), uid: st.Uid, gid: st.Gid,
+		rdev: uint32(st.Rdev), blksize: uint32(st.Blksize),
+	}
+}
+
+// stat returns the attributes kept (without device and inode numbers:
+// the node's stable number stands for the latter) and whether any are.
+func (a *lastAttrs) stat() (unix.Stat_t, bool) {
+	return unix.Stat_t{
+		Size: a.size, Blocks: a.blocks,
+		Atim: unix.Timespec{Sec: a.atime, Nsec: int64(a.atimeNs)},
+		Mtim: unix.Timespec{Sec: a.mtime, Nsec: int64(a.mtimeNs)},
+		Ctim: unix.Timespec{Sec: a.ctime, Nsec: int64(a.ctimeNs)},
+		Mode: a.mode, Nlink: uint64(a.nlink), Uid: a.uid, Gid: a.gid,
+		Rdev: uint64(a.rdev), Blksize: int64(a.blksize),
+	}, a.mode != 0
+}
+
 func fillAttr(out *gofuse.Attr, st *unix.Stat_t, ino uint64) {
 	out.Ino = ino
 	out.Size = uint64(st.Size)
@@ -461,7 +506,7 @@ func (n *node) stat(f fusefs.FileHandle) (unix.Stat_t, error) {
 	switch {
 	case errno != 0:
 		n.mu.Lock()
-		st, ok := n.last, n.lastOK
+		st, ok := n.last.stat()
 		n.mu.Unlock()
 		if !ok {
 			return st, errno
@@ -475,7 +520,7 @@ func (n *node) stat(f fusefs.FileHandle) (unix.Stat_t, error) {
 	}
 	if err == nil {
 		n.mu.Lock()
-		n.last, n.lastOK = st, true
+		n.last = keepAttrs(&st)
 		n.mu.Unlock()
 	}
 	return st, err
@@ -528,7 +573,7 @@ func (n *node) setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 	if err == nil {
 		// What an fstat answers once the object is removed while open:
 		// the kernel may keep these attributes without asking again.
-		n.last, n.lastOK = st, true
+		n.last = keepAttrs(&st)
 	}
 	n.mu.Unlock()
 	if err != nil {
@@ -551,10 +596,10 @@ func (n *node) setattr(ctx context.Context, f fusefs.FileHandle, in *gofuse.SetA
 func (n *node) setattrOrphan(a layers.SetAttr, errno syscall.Errno) (unix.Stat_t, syscall.Errno) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if !n.lastOK || a.Size != nil {
+	st, ok := n.last.stat()
+	if !ok || a.Size != nil {
 		return unix.Stat_t{}, errno
 	}
-	st := n.last
 	now := time.Now()
 	stamp := func(t *unix.Timespec) unix.Timespec {
 		if t.Nsec == unix.UTIME_NOW {
@@ -581,7 +626,7 @@ func (n *node) setattrOrphan(a layers.SetAttr, errno syscall.Errno) (unix.Stat_t
 		st.Ctim = unix.NsecToTimespec(now.UnixNano())
 	}
 	orphaned(&st)
-	n.last = st
+	n.last = keepAttrs(&st)
 	return st, 0
 }
 

@@ -105,6 +105,9 @@ func (n *node) dirChanged() {
 // forgetListing makes the next reply list n anew. It reports whether a
 // reply was served since the last call (the kernel may hold a listing).
 func (n *node) forgetListing() (served bool) {
+	if n.dir == nil {
+		return false // no directory
+	}
 	n.dir.mu.Lock()
 	defer n.dir.mu.Unlock()
 	served, n.dir.served = n.dir.served, false

@@ -126,7 +126,7 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 // may have given n's object another one: see newChild).
 func (n *node) linked(e *layers.Entry, out *gofuse.EntryOut) *fusefs.Inode {
 	n.mu.Lock()
-	n.last, n.lastOK = e.Stat, true
+	n.last = keepAttrs(&e.Stat)
 	n.linkedHere = true
 	n.mu.Unlock()
 	fillAttr(&out.Attr, &e.Stat, n.StableAttr().Ino)

@@ -140,7 +140,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *gofu
 	if err != nil {
 		return nil, nil, 0, n.fs.toErrno("tmpfile", err)
 	}
-	child := &node{fs: n.fs, obj: e.Obj}
+	child := newNode(n.fs, e.Obj, unix.S_IFREG)
 	ino := n.NewInode(ctx, child, fusefs.StableAttr{Mode: unix.S_IFREG, Ino: e.Stat.Ino})
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
 	cn, ok := ino.Operations().(*node)

@@ -133,11 +133,22 @@ func TestChangeRemovedWhileOpen(t *testing.T) {
 				}
 				require.NoError(t, err)
 				t.Cleanup(func() { unix.Close(fd) })
+				before := lstat(t, p)
 				if kind == "fifo" {
 					require.NoError(t, unix.Unlink(p))
 				} else {
 					require.NoError(t, unix.Rmdir(p))
 				}
+				// The removal made the kernel forget the attributes:
+				// this fstat asks the server, which answers with the
+				// ones it kept of the object.
+				var removed unix.Stat_t
+				require.NoError(t, unix.Fstat(fd, &removed))
+				assert.Equal(t, before.Mode, removed.Mode, "%s: mode once removed", dir)
+				assert.Equal(t, []uint32{before.Uid, before.Gid}, []uint32{removed.Uid, removed.Gid}, "%s: owner once removed", dir)
+				assert.Equal(t, before.Mtim, removed.Mtim, "%s: mtime once removed", dir)
+				assert.Equal(t, before.Atim, removed.Atim, "%s: atime once removed", dir)
+				assert.Zero(t, removed.Nlink, "%s: no link left", dir)
 				require.NoError(t, unix.Fchmod(fd, 0o4711), "fchmod after the removal")
 				require.NoError(t, unix.Fchown(fd, 1000, 1001), "fchown after the removal")
 				ts := []unix.Timespec{{Sec: 1_000_000_000, Nsec: 7}, {Sec: 1_100_000_000, Nsec: 9}}
