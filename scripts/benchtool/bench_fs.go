@@ -107,7 +107,7 @@ func (e *env) benchSmallFiles(t *target, rep int) (err error) {
 	}
 	defer closeInto(in, &err)
 	dst := filepath.Join(in.path, fmt.Sprintf("untar-%d", e.seq))
-	if t.kind == kindExt4 {
+	if t.onTree() {
 		defer os.RemoveAll(dst) // the original itself: leave it as it was
 	}
 	if err := os.Mkdir(dst, 0o755); err != nil {
@@ -143,8 +143,8 @@ func (e *env) benchCopyUp(t *target, rep int) (err error) {
 	}
 	defer closeInto(in, &err)
 	src := orig
-	if t.kind == kindExt4 {
-		src = in.path
+	if t.onTree() {
+		src = in.tree
 	}
 	for _, f := range e.copyupFiles { // their data in the page cache: copy-up, not disk reads, is measured
 		if _, err := os.ReadFile(filepath.Join(src, f)); err != nil {
@@ -186,7 +186,7 @@ func (e *env) benchData(t *target, rep int) (err error) {
 	defer closeInto(in, &err)
 	seq := filepath.Join(in.path, fmt.Sprintf("seq-%d.bin", e.seq))
 	rnd := filepath.Join(in.path, fmt.Sprintf("rand-%d.bin", e.seq))
-	if t.kind == kindExt4 {
+	if t.onTree() {
 		defer os.Remove(seq)
 		defer os.Remove(rnd)
 	}

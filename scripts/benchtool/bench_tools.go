@@ -21,7 +21,7 @@ func (e *env) benchGit(t *target, rep int) (err error) {
 	defer closeInto(in, &err)
 	env := e.gitEnv()
 	git := func(args ...string) (float64, error) { return e.timeCmd(in.path, env, "git", args...) }
-	if t.kind == kindExt4 {
+	if t.onTree() {
 		// cp -a gave every file a new inode and ctime: refresh the copy's
 		// index first, as the original's is.
 		if _, err := git("status", "--porcelain"); err != nil {

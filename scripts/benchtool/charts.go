@@ -22,7 +22,7 @@ set border 3
 set tics nomirror
 `
 
-var colors = map[string]string{"ext4": "#999999", "overlayfs": "#000000", "fuse-overlayfs": "#e69f00", "sbxfs": "#0072b2",
+var colors = map[string]string{"ext4": "#999999", "overlayfs": "#000000", "fuse-overlayfs": "#e69f00", "fuse-loopback": "#009e73", "sbxfs": "#0072b2",
 	"sbxfs-uring": "#56b4e9"}
 
 // plotSeries is a gnuplot plot command for the histogram columns of dat

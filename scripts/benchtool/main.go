@@ -1,5 +1,6 @@
 // Command benchtool is the benchmark behind scripts/bench: it measures a
-// plain ext4 directory, kernel overlayfs, fuse-overlayfs and sbxfs (with
+// plain ext4 directory, kernel overlayfs, fuse-overlayfs, go-fuse's
+// loopback over the ext4 tree (a reference: loopback.go) and sbxfs (with
 // its requests through /dev/fuse, and through io_uring where the kernel
 // has it: uring.go) on the same original trees, on the scratch journaled ext4 of
 // scripts/bench-disk.sh, and writes a Markdown report with PNG charts
@@ -51,6 +52,9 @@ type options struct {
 func main() { os.Exit(run()) }
 
 func run() int {
+	if len(os.Args) > 1 && os.Args[1] == serveLoopbackFlag {
+		return serveLoopback(os.Args[2:]) // a child serving fuse-loopback
+	}
 	opt, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

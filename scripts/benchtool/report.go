@@ -369,6 +369,8 @@ func (e *env) sections() []section {
 	sz := e.sz
 	compareIntro := "Median of each target, and in parentheses its ratio to kernel overlayfs (for times, > 1× is slower; " +
 		"for MiB/s and IOPS, < 1× is slower). ↓: lower is better, ↑: higher is better. " +
+		"fuse-loopback is go-fuse's loopback example serving the ext4 target's tree (no layers, no journal): " +
+		"what FUSE costs with a server that only forwards, for reference; no target applies to it. " +
 		"The target column is the issue's target for sbxfs"
 	memoryIntro := "VmRSS of the process serving the mount (`sbxfs mount`'s server"
 	daemonIntro := "VmRSS of `sbxfs daemon` (private state root) before and after `sbxfs create` of idle sandboxes of a small original"

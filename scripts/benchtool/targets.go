@@ -31,6 +31,7 @@ const (
 	kindExt4 targetKind = iota
 	kindOverlay
 	kindFuseOverlay
+	kindLoopback
 	kindSbxfs
 )
 
@@ -41,14 +42,19 @@ var allTargets = []*target{
 	{name: "ext4", kind: kindExt4},
 	{name: "overlayfs", kind: kindOverlay},
 	{name: "fuse-overlayfs", kind: kindFuseOverlay},
+	{name: loopbackTarget, kind: kindLoopback},
 	{name: sbxfsTarget, kind: kindSbxfs},
 	{name: uringTarget, kind: kindSbxfs, uring: true},
 }
 
 const (
-	refTarget   = "overlayfs"
-	sbxfsTarget = "sbxfs"       // requests through /dev/fuse (--no-io-uring)
-	uringTarget = "sbxfs-uring" // requests through io_uring
+	// loopbackTarget is go-fuse's own loopback file system (loopback.go)
+	// serving the ext4 target's tree: what FUSE costs with a server
+	// that only forwards each request, for reference.
+	loopbackTarget = "fuse-loopback"
+	refTarget      = "overlayfs"
+	sbxfsTarget    = "sbxfs"       // requests through /dev/fuse (--no-io-uring)
+	uringTarget    = "sbxfs-uring" // requests through io_uring
 )
 
 // withoutTarget returns ts less the target called name.
@@ -62,8 +68,13 @@ func withoutTarget(ts []*target, name string) []*target {
 	return out
 }
 
+// onTree reports whether t has no upper layer: it works on the tree
+// itself (the original, or a copy of it: instMode), as ext4 and the
+// loopback over it do.
+func (t *target) onTree() bool { return t.kind == kindExt4 || t.kind == kindLoopback }
+
 // instMode says what a workload does to the tree, which decides what the
-// ext4 target (which has no upper layer) works on.
+// targets without an upper layer (onTree) work on.
 type instMode int
 
 const (
@@ -79,6 +90,7 @@ type instance struct {
 	t     *target
 	orig  string
 	dir   string // the instance's own directory (removed by close)
+	tree  string // onTree targets: the tree they work on (the original or a copy)
 	path  string // where the workload runs
 	upper string // overlay upper (sbxfs: the sandbox directory)
 	wdir  string // overlay work directory
@@ -94,15 +106,18 @@ func (e *env) open(t *target, orig string, mode instMode) (*instance, error) {
 	}
 	in := &instance{e: e, t: t, orig: orig, dir: dir}
 	switch t.kind {
-	case kindExt4:
-		in.path = orig
+	case kindExt4, kindLoopback:
+		in.tree = orig
 		if mode == modify {
-			in.path = filepath.Join(dir, "tree")
-			if err := e.cmdIn("", nil, "cp", "-a", orig, in.path); err != nil {
+			in.tree = filepath.Join(dir, "tree")
+			if err := e.cmdIn("", nil, "cp", "-a", orig, in.tree); err != nil {
 				return nil, err
 			}
 		}
-		return in, nil
+		if t.kind == kindExt4 {
+			in.path = in.tree
+			return in, nil
+		}
 	case kindOverlay, kindFuseOverlay:
 		in.upper, in.wdir = filepath.Join(dir, "upper"), filepath.Join(dir, "work")
 		for _, d := range []string{in.upper, in.wdir} {
@@ -161,6 +176,13 @@ func (in *instance) mount() error {
 			in.undo()
 			return fmt.Errorf("fuse-overlayfs did not mount %s", mnt)
 		}
+	case kindLoopback:
+		mnt := in.mnt
+		srv, err := startLoopback(in.tree, mnt)
+		if err != nil {
+			return err
+		}
+		in.undo = e.track("fuse-loopback "+mnt, func(ctx context.Context) error { return srv.stop() })
 	case kindSbxfs:
 		mnt := in.mnt
 		args := []string{"--state-dir", e.state, "mount", "--upper", in.upper}
@@ -216,8 +238,9 @@ func (e *env) sbxfsUnmount(ctx context.Context, mnt string) error {
 	return nil
 }
 
-// remount unmounts and mounts again over the same upper, so the FUSE
-// server (and the kernel's caches of the mount) start cold. ext4: no-op.
+// remount unmounts and mounts again over the same upper (the same tree),
+// so the FUSE server (and the kernel's caches of the mount) start cold.
+// ext4: no-op.
 func (in *instance) remount() error {
 	if in.t.kind == kindExt4 {
 		return nil
