@@ -353,7 +353,6 @@ func (n *node) linkGen(name string) uint64 {
 	return h.Sum64() | 1
 }
 
-// fillAttr copies st into out with the node's stable inode number.
 // newNode makes the node of an object of type mode (S_IFMT bits) kept
 // in obj.
 func newNode(fs *filesystem, obj layers.Obj, mode uint32) *node {
@@ -399,6 +398,7 @@ func (a *lastAttrs) stat() (unix.Stat_t, bool) {
 	}, a.mode != 0
 }
 
+// fillAttr copies st into out with the node's stable inode number.
 func fillAttr(out *gofuse.Attr, st *unix.Stat_t, ino uint64) {
 	out.Ino = ino
 	out.Size = uint64(st.Size)
