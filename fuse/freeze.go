@@ -125,6 +125,7 @@ func (s *Server) Freeze(wait time.Duration) error {
 		t.Stop()
 	}
 	s.fs.gate.frozen = true
+	s.layers.SetShared(true) // a commit may change the upper now
 	return s.layers.Sync()
 }
 
@@ -136,6 +137,7 @@ func (s *Server) Thaw() {
 	inval := s.invalidate
 	s.invalidate = false
 	if s.fs.gate.frozen {
+		s.layers.SetShared(false)
 		s.fs.gate.frozen = false
 		s.fs.gate.mu.Unlock()
 	}

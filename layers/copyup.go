@@ -121,6 +121,9 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 		dirs = append(dirs, ownDir{path: tmp, after: l.UpperPath(rel)}) // its ".." changes
 	}
 	err = l.asOwner(moveIn, dirs...)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		l.dirGen.changed()
+	}
 	if err != nil {
 		removeTemp(tmp)
 		if errors.Is(err, unix.EEXIST) {

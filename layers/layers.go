@@ -71,11 +71,16 @@ func (o Origin) child(name string) Origin {
 
 // Obj says where one overlay object lives. For a non-directory, Upper is
 // authoritative once set (copy-up is one-way) and Lowers holds at most the
-// content source. For a directory, the upper part is always checked live and
-// Lowers lists the lower directories merged beneath it, top first.
+// content source. For a directory, the upper part is checked live (unless
+// a lookup found it absent since: see absentIn) and Lowers lists the lower
+// directories merged beneath it, top first.
 type Obj struct {
 	Upper  bool
 	Lowers []Origin
+	// absentAt is 1 + the generation of upper directories (dirGen) at
+	// which a lookup found nothing at this object's path in the upper
+	// layer; 0 when not known.
+	absentAt uint64
 }
 
 // Entry is the result of a lookup: where the object lives and its attributes
@@ -126,6 +131,9 @@ type Layers struct {
 
 	devMu  sync.Mutex
 	devIdx map[uint64]uint64
+
+	// dirGen counts the directories the upper layer gained (dirgen.go).
+	dirGen dirGen
 
 	jmu     sync.RWMutex // guards journal, which Reset replaces
 	journal *Journal

@@ -28,27 +28,30 @@ func (l *Layers) Root() (Entry, error) {
 // Lookup finds name in the directory dirRel whose lower directories are
 // dir.Lowers. It answers ENOENT for a missing or whited-out name.
 func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
-	rel := Join(dirRel, name)
 	var e Entry
-	upath := l.UpperPath(rel)
-	err := unix.Lstat(upath, &e.Stat)
-	switch {
-	case err == nil && fsutil.IsWhiteout(&e.Stat):
-		return Entry{}, unix.ENOENT
-	case err == nil:
-		e.Upper = true
-		settled, redirect := l.upperAttrs(upath, &e)
-		if settled || !e.IsDir() {
-			return e, nil
+	gen, trusted := l.dirGen.now()
+	err := error(unix.ENOENT)
+	if !trusted || !dir.absentIn(gen) {
+		upath := l.UpperPath(Join(dirRel, name))
+		err = unix.Lstat(upath, &e.Stat)
+		switch {
+		case err == nil && fsutil.IsWhiteout(&e.Stat):
+			return Entry{}, unix.ENOENT
+		case err == nil:
+			e.Upper = true
+			settled, redirect := l.upperAttrs(upath, &e)
+			if settled || !e.IsDir() {
+				return e, nil
+			}
+			if redirect != "" {
+				// Renamed in its directory by kernel overlayfs, which
+				// writes the old name (sbxfs writes absolute redirects).
+				name = redirect
+			}
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		default:
+			return Entry{}, err
 		}
-		if redirect != "" {
-			// Renamed in its directory by kernel overlayfs, which
-			// writes the old name (sbxfs writes absolute redirects).
-			name = redirect
-		}
-	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
-	default:
-		return Entry{}, err
 	}
 	first, dirs, err := l.stepLowers(dir.Lowers, name, e.Upper)
 	if err != nil {
@@ -62,6 +65,9 @@ func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
 		e.Stat.Ino = l.stableIno(first.st.Dev, first.st.Ino)
 		if e.IsDir() {
 			e.Lowers = dirs
+			if trusted {
+				e.absentAt = gen + 1
+			}
 		} else {
 			e.Lowers = []Origin{first.origin}
 		}

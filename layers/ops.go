@@ -197,6 +197,9 @@ func (l *Layers) settle(upath string, pst *unix.Stat_t, mode uint32, isDir bool,
 // fail with EEXIST where the name is taken (O_EXCL, mkdir, mknod, symlink
 // and link all do): the name is tried first and looked at only then.
 func (l *Layers) place(rel string, isDir bool, mk func(string) error) error {
+	if isDir {
+		defer l.dirGen.changed()
+	}
 	upath := l.UpperPath(rel)
 	err := mk(upath)
 	if !errors.Is(err, unix.EEXIST) {

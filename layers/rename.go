@@ -16,6 +16,7 @@ import (
 // its lower contents live (the overlay redirect), as kernel overlayfs does
 // with redirect_dir=on. src is the moved object's Obj and is updated.
 func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir string, nd Obj, newName string, flags uint32, c Caller) error {
+	defer l.dirGen.changed() // it may move upper directories, and the nodes below
 	oldRel, newRel := Join(oldDir, oldName), Join(newDir, newName)
 	se, err := l.Lookup(oldDir, od, oldName)
 	if err != nil {

@@ -15,6 +15,7 @@ func (l *Layers) Reset() error {
 	// The commit before changed the original: read it anew.
 	l.dropHeldDirs()
 	defer l.dropHeldDirs()
+	defer l.dirGen.changed()
 	ents, err := os.ReadDir(l.upper)
 	if err != nil {
 		return err
