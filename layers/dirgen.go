@@ -21,9 +21,9 @@ import "sync/atomic"
 // nothing learnt; the count is raised as that starts and ends.
 //
 // It saves an lstat(2) of the upper path for every name looked up in a
-// directory the sandbox has not touched: ~2 us of the ~40 of a cold
-// lookup through /dev/fuse (docs/design.md, "Lookups that skip the
-// upper").
+// directory the sandbox has not touched: ~1.5 us of the ~40 of a cold
+// lookup through /dev/fuse (BenchmarkLowerLookup; docs/design.md,
+// "Lookups that skip the upper").
 type dirGen struct {
 	n      atomic.Uint64
 	shared atomic.Bool
