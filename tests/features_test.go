@@ -450,6 +450,52 @@ func TestPartingLinksUnderConcurrentStats(t *testing.T) {
 	}
 }
 
+// TestLookupInADirectoryChangedSinceItWasLookedUp: the server skips the
+// upper layer when it looks a name up in a directory whose own lookup
+// found nothing of it there (layers/dirgen.go). Directory d of the
+// original is looked up and held open (so its node, and what it learnt,
+// stays), then a change through the mount makes d's upper directory: a
+// file made, one removed, one written. Once the kernel forgets d's
+// children (drop_caches), looking them up again must find the sandbox's
+// state, not the original's.
+func TestLookupInADirectoryChangedSinceItWasLookedUp(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/x": "x\n", "d/y": "y\n", "d/z": "z\n", "e/w": "w\n"})
+	sb := mountSandbox(t, orig)
+	for _, dir := range []string{"d", "e"} {
+		f, err := os.Open(sb.path(dir))
+		require.NoError(t, err)
+		t.Cleanup(func() { f.Close() })
+	}
+	assert.Equal(t, "x\n", mustRead(t, sb.path("d/x")))
+	assert.Equal(t, "w\n", mustRead(t, sb.path("e/w")))
+	forget := func() {
+		t.Helper()
+		require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0))
+	}
+	gone := func(p, why string) {
+		t.Helper()
+		_, err := os.Lstat(sb.path(p))
+		assert.ErrorIs(t, err, os.ErrNotExist, why)
+	}
+
+	// Changes in d alone: its upper directory is made by the first.
+	require.NoError(t, os.WriteFile(sb.path("d/new"), []byte("new\n"), 0o644))
+	require.NoError(t, os.Remove(sb.path("d/x")))
+	require.NoError(t, os.WriteFile(sb.path("d/y"), []byte("changed\n"), 0o644))
+	forget()
+	assert.Equal(t, "new\n", mustRead(t, sb.path("d/new")), "a file made in d")
+	gone("d/x", "d/x was removed in the sandbox")
+	assert.Equal(t, "changed\n", mustRead(t, sb.path("d/y")))
+
+	// A rename into e, which makes e's upper directory.
+	require.NoError(t, os.Rename(sb.path("d/z"), sb.path("e/z")))
+	forget()
+	gone("d/z", "d/z was moved away")
+	assert.Equal(t, "z\n", mustRead(t, sb.path("e/z")), "moved into e")
+	assert.Equal(t, "w\n", mustRead(t, sb.path("e/w")))
+	assert.Equal(t, "x\n", mustRead(t, filepath.Join(orig, "d/x")), "the original is untouched")
+}
+
 // TestOriginalLinkLookedUpAgainWhileOpen: a name of an original file with
 // several links, open for writing (so copied up), gets a new link in the
 // sandbox; the kernel forgets the new name's entry (drop_caches) and looks
