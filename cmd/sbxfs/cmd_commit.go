@@ -153,7 +153,7 @@ func finishCommit(c *cli.Context, sb *sandbox, ctl *manager.Control, rec *commit
 		return sb.discard()
 	}
 	if ctl != nil && sb.mount != nil {
-		if err := ctl.Reset(); err != nil {
+		if err := resetMounted(ctl); err != nil {
 			return fmt.Errorf("committed, but resetting the mount failed: %w; unmount and remount it", err)
 		}
 	} else if err := sb.resetOnDisk(); err != nil {

@@ -65,7 +65,7 @@ func runRollback(c *cli.Context) error {
 	if err := freeze(ctl, c.Duration("wait")); err != nil {
 		return err
 	}
-	if err := ctl.Reset(); err != nil {
+	if err := resetMounted(ctl); err != nil {
 		return err
 	}
 	fmt.Fprintf(c.App.Writer, "rolled back; %s is mounted with an empty sandbox\n", sb.mount.Mountpoint)

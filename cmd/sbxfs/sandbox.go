@@ -177,6 +177,21 @@ func freeze(ctl *manager.Control, wait time.Duration) error {
 	return nil
 }
 
+// resetMounted empties the sandbox of the frozen mount ctl serves and lets
+// changes through again, and returns once the server has thawed it and
+// dropped the kernel's caches of the old sandbox: from then on the mount
+// shows the empty sandbox. (Until 2026-11-27 the thaw was left to the
+// control connection's end, which the server takes up after the command
+// has exited: a stat right after `rollback --keep` could still show the
+// attributes rolled back, and a write could still wait at the gate;
+// TestKeptResetGivesTheRootBack failed so under load.)
+func resetMounted(ctl *manager.Control) error {
+	if err := ctl.Reset(); err != nil {
+		return err
+	}
+	return ctl.Thaw()
+}
+
 // lookupSandbox finds the sandbox arg names and whether it is mounted,
 // without recovering anything (for read-only commands).
 // sandboxArg is the argument naming a sandbox as lookupSandbox takes it:
