@@ -90,7 +90,7 @@ func runCommit(c *cli.Context) error {
 		return err
 	}
 	if ctl != nil {
-		defer ctl.Close() // thaws the mount if anything below fails
+		defer closeControl(ctl) // thaws the mount if anything below fails
 	}
 	if err := freeze(ctl, c.Duration("wait")); err != nil {
 		return err

@@ -41,7 +41,7 @@ func runRollback(c *cli.Context) error {
 		return err
 	}
 	if ctl != nil {
-		defer ctl.Close()
+		defer closeControl(ctl)
 	}
 	if !c.Bool("keep") {
 		if err := sb.end(ctl); err != nil {

@@ -192,6 +192,15 @@ func resetMounted(ctl *manager.Control) error {
 	return ctl.Thaw()
 }
 
+// closeControl ends a command's control connection to a mount: it thaws the
+// mount first (nothing when it is not frozen or no longer served), so a
+// command that fails after freezing it returns once the mount takes
+// changes again, not whenever the server notices the connection's end.
+func closeControl(ctl *manager.Control) {
+	_ = ctl.Thaw()
+	_ = ctl.Close()
+}
+
 // lookupSandbox finds the sandbox arg names and whether it is mounted,
 // without recovering anything (for read-only commands).
 // sandboxArg is the argument naming a sandbox as lookupSandbox takes it:
