@@ -3,6 +3,7 @@ package commit
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
@@ -900,4 +901,69 @@ func TestEntryMadeBeneathAMovedThenRemovedDirectory(t *testing.T) {
 	assert.Empty(t, left)
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// setFlags gives the original's p the inode flags f (chattr), or skips
+// the test where its filesystem keeps none.
+func setFlags(t *testing.T, p string, f uint32) {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	old, err := fsutil.Flags(fd)
+	if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EOPNOTSUPP) {
+		t.Skipf("%s keeps no inode flags: %v", p, err)
+	}
+	require.NoError(t, err)
+	require.NoError(t, fsutil.SetFlags(fd, old|f))
+}
+
+func flagsOf(t *testing.T, p string) uint32 {
+	t.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	f, err := fsutil.Flags(fd)
+	require.NoError(t, err)
+	return f
+}
+
+// TestCommitKeepsFileFlags: a file of the original with noatime and
+// nodump (chattr +A +d), changed in the sandbox, keeps them once the
+// commit puts the sandbox's copy in its place, and a file made in a
+// directory with them gets them, as it would in the original (ext4 hands
+// them down). Until 2026-11-27 the copy-up dropped them, so a commit of
+// any change took them away. With the upper on the same filesystem the
+// commit moves the copy in; on a tmpfs it copies it (tmpfs keeps A and d).
+func TestCommitKeepsFileFlags(t *testing.T) {
+	const want = fsutil.FlagNoAtime | fsutil.FlagNoDump
+	for _, upper := range []string{"same filesystem", "tmpfs"} {
+		t.Run(upper, func(t *testing.T) {
+			dir, box := t.TempDir(), ""
+			if upper == "tmpfs" {
+				if os.Geteuid() != 0 {
+					t.Skip("mounting needs root")
+				}
+				box = t.TempDir()
+				require.NoError(t, unix.Mount("tmpfs", box, "tmpfs", 0, "size=4m"))
+				t.Cleanup(func() { _ = unix.Unmount(box, unix.MNT_DETACH) })
+			} else {
+				box = dir
+			}
+			// The root's flags are taken when the sandbox is made.
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "orig"), 0o755))
+			setFlags(t, filepath.Join(dir, "orig"), fsutil.FlagNoDump)
+			s := newSandboxIn(t, dir, box, map[string]string{"f": "F", "d/g": "G"})
+			setFlags(t, filepath.Join(s.orig, "f"), want)
+			setFlags(t, filepath.Join(s.orig, "d"), want)
+			s.write("f", "F2")
+			s.write("d/new", "N")
+			s.write("top", "T")
+			s.commitMatchesRef()
+			assert.Equal(t, fsutil.FlagNoDump, flagsOf(t, filepath.Join(s.orig, "top"))&fsutil.CarriedFlags, "the file made at the top")
+			assert.Equal(t, want, flagsOf(t, filepath.Join(s.orig, "f"))&fsutil.CarriedFlags, "the changed file")
+			assert.Equal(t, want, flagsOf(t, filepath.Join(s.orig, "d/new"))&fsutil.CarriedFlags, "the file made in d")
+			assert.Equal(t, want, flagsOf(t, filepath.Join(s.orig, "d"))&fsutil.CarriedFlags, "d")
+		})
+	}
 }

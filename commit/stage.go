@@ -149,5 +149,6 @@ func copyFile(src, dst string, st *unix.Stat_t) error {
 	if err := fsutil.CopyData(out, in); err != nil {
 		return err
 	}
+	fsutil.CopyFlags(out, in)
 	return fsutil.CopyXattrs(out, in, isOverlayAttr)
 }

@@ -3,8 +3,8 @@
 //
 //   - Copying: [CopyData] copies file content with FICLONE when the filesystem
 //     can share extents, else copy_file_range (or pread/pwrite) over the data
-//     extents only, so sparse files stay sparse. [CopyXattrs] and [CopyTimes]
-//     copy metadata.
+//     extents only, so sparse files stay sparse. [CopyXattrs], [CopyTimes]
+//     and [CopyFlags] (the chattr flags a copy keeps) copy metadata.
 //   - Extended attributes: [ListXattrs], [GetXattr] and their path variants
 //     that never follow a symlink, [LListXattrs] and [LGetXattr].
 //   - Safe resolution: [CleanRel] validates a path relative to a root;

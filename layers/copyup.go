@@ -157,6 +157,7 @@ func (l *Layers) buildCopy(tmp, spath string, st *unix.Stat_t, og origin, data b
 		if err := unix.Mkdir(tmp, 0o700); err != nil {
 			return err
 		}
+		copyDirFlags(tmp, spath)
 	case unix.S_IFLNK:
 		target, err := readlink(spath)
 		if err != nil {
@@ -189,6 +190,7 @@ func (l *Layers) copyFile(tmp, spath string, st *unix.Stat_t, og origin, data bo
 			return err
 		}
 	}
+	fsutil.CopyFlags(dst, src)
 	if err := fsutil.CopyXattrs(dst, src, l.Private); err != nil {
 		return err
 	}
@@ -223,6 +225,24 @@ func (l *Layers) makeDurable(fd int) error {
 		return fsutil.StartWriteback(fd)
 	}
 	return unix.Fsync(fd)
+}
+
+// copyDirFlags gives the new directory tmp the flags of the directory
+// spath that a copy keeps (fsutil.CopyFlags): what is made in the copy
+// inherits them, as it would in the original.
+func copyDirFlags(tmp, spath string) {
+	const dirFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	src, err := unix.Open(spath, dirFlags, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(src)
+	dst, err := unix.Open(tmp, dirFlags, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(dst)
+	fsutil.CopyFlags(dst, src)
 }
 
 // copyMeta copies owner, mode, xattrs and times from spath to the new

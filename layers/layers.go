@@ -256,7 +256,9 @@ func (l *Layers) matchRoot() (unix.Stat_t, error) {
 }
 
 // adoptRootXattrs gives the upper root the original root's extended
-// attributes, sbxfs's own aside.
+// attributes, sbxfs's own aside, and the inode flags a copy keeps
+// (fsutil.CopyFlags: what is made at the top of the sandbox inherits
+// them, as in the original).
 func (l *Layers) adoptRootXattrs() error {
 	src, err := unix.Open(l.lowers[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -268,6 +270,7 @@ func (l *Layers) adoptRootXattrs() error {
 		return fmt.Errorf("upper %q: %w", l.upper, err)
 	}
 	defer unix.Close(dst)
+	fsutil.CopyFlags(dst, src)
 	own, err := fsutil.ListXattrs(dst)
 	if err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 		return fmt.Errorf("upper %q: %w", l.upper, err)
