@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // procPath names an O_PATH descriptor's object for the calls that take a
@@ -29,6 +31,9 @@ func metaOf(fd int) (*meta, error) {
 		Atime: unix.TimespecToNsec(st.Atim), Mtime: unix.TimespecToNsec(st.Mtim)}
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		return m, nil // no attributes we could carry on a symlink
+	}
+	if f, ok := metaFlags(fd); ok {
+		m.Flags = &f
 	}
 	// The /proc path is a magic link: the following calls reach the
 	// object (the l* ones would read the link itself).
@@ -106,7 +111,52 @@ func (t *tree) setMeta(rel string, m *meta, ino uint64) error {
 	if err := setXattrs(p, m.Xattrs); err != nil {
 		return err
 	}
+	if err := setMetaFlags(fd, m.Flags); err != nil {
+		return err
+	}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
+}
+
+// metaFlags reads the fsutil.CarriedFlags of the object open as fd
+// (O_PATH): false for one that has none to give.
+func metaFlags(fd int) (uint32, bool) {
+	ffd, err := fsutil.ReopenForFlags(fd)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(ffd)
+	f, err := fsutil.Flags(ffd)
+	return f & fsutil.CarriedFlags, err == nil
+}
+
+// setMetaFlags gives the object open as fd (O_PATH) the fsutil.CarriedFlags
+// want (nil: leave them), keeping its other flags.
+func setMetaFlags(fd int, want *uint32) error {
+	if want == nil {
+		return nil
+	}
+	ffd, err := fsutil.ReopenForFlags(fd)
+	if errors.Is(err, unix.ENOTTY) {
+		return nil // neither a file nor a directory: it has none
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ffd)
+	cur, err := fsutil.Flags(ffd)
+	if fsutil.NoFlags(err) && *want == 0 {
+		return nil // a filesystem without flags: none to take away
+	}
+	if err == nil && cur&fsutil.CarriedFlags == *want {
+		return nil
+	}
+	if err == nil {
+		err = fsutil.SetFlags(ffd, cur&^fsutil.CarriedFlags|*want)
+	}
+	if err != nil {
+		return fmt.Errorf("set inode flags (chattr) %s: %w", fsutil.FlagLetters(*want), err)
+	}
+	return nil
 }
 
 func setXattrs(p string, want map[string][]byte) error {
@@ -179,6 +229,9 @@ func (t *tree) setRootMeta(m *meta) error {
 	if err := setXattrs(p, m.Xattrs); err != nil {
 		return err
 	}
+	if err := setMetaFlags(t.fd, m.Flags); err != nil {
+		return err
+	}
 	ts := []unix.Timespec{unix.NsecToTimespec(m.Atime), unix.NsecToTimespec(m.Mtime)}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0)
 }
@@ -201,6 +254,9 @@ func revertMeta(cur, old, new *meta) *meta {
 	}
 	if cur.Mtime == new.Mtime && (cur.Mtime != old.Mtime || cur.Atime != old.Atime) {
 		back.Atime, back.Mtime, changed = old.Atime, old.Mtime, true
+	}
+	if cur.Flags != nil && old.Flags != nil && new.Flags != nil && *cur.Flags == *new.Flags && *cur.Flags != *old.Flags {
+		back.Flags, changed = old.Flags, true
 	}
 	back.Xattrs = map[string][]byte{}
 	for n, v := range cur.Xattrs {

@@ -425,6 +425,12 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, 
 		if err != nil {
 			return err
 		}
+		if fsutil.HeldFlags(x.cfg.Work) != fsutil.CarriedFlags {
+			// The copy may have lost flags its filesystem cannot
+			// keep, and the sandbox could change none
+			// (layers.SetFlags): the original keeps its own.
+			s.New.Flags = nil
+		}
 		// What the undo sets back: nothing for a new object (the undo
 		// takes it away), nor where the original has nothing. A path
 		// that cannot be read (a symlink swapped in on the way) fails

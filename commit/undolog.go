@@ -80,6 +80,10 @@ type meta struct {
 	Atime  int64             `json:"atime"`
 	Mtime  int64             `json:"mtime"`
 	Xattrs map[string][]byte `json:"xattrs,omitempty"`
+	// Flags holds the object's fsutil.CarriedFlags (chattr); nil where it
+	// has none to give, or (a sandbox's copy) where its filesystem could
+	// not keep them all: then a step leaves the original's as they are.
+	Flags *uint32 `json:"flags,omitempty"`
 }
 
 // undoLog is the durable record of one transaction.

@@ -5,6 +5,9 @@
 //     can share extents, else copy_file_range (or pread/pwrite) over the data
 //     extents only, so sparse files stay sparse. [CopyXattrs], [CopyTimes]
 //     and [CopyFlags] (the chattr flags a copy keeps) copy metadata.
+//   - Inode flags: [Flags], [SetFlags], [FsGetXattr]; [OpenForFlags] opens
+//     only a file or directory for them; [HeldFlags] probes which of the
+//     carried flags a filesystem keeps.
 //   - Extended attributes: [ListXattrs], [GetXattr] and their path variants
 //     that never follow a symlink, [LListXattrs] and [LGetXattr].
 //   - Safe resolution: [CleanRel] validates a path relative to a root;

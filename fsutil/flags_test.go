@@ -32,18 +32,19 @@ func openFlagged(t *testing.T, p string, flags uint32) int {
 }
 
 // TestCopyFlags: the flags a copy keeps (noatime, nodump) reach the copy,
-// which keeps its own (ext4's extents flag); an original without them
-// leaves the copy as it is.
+// which keeps its own (ext4's extents flag); one the copy has and the
+// original has not (a file made in a directory inherits them) is taken
+// away; an original without them leaves a plain copy as it is.
 func TestCopyFlags(t *testing.T) {
 	dir := t.TempDir()
 	src := openFlagged(t, filepath.Join(dir, "src"), FlagNoAtime|FlagNoDump)
-	dst := openFlagged(t, filepath.Join(dir, "dst"), 0)
+	dst := openFlagged(t, filepath.Join(dir, "dst"), FlagSync)
 	before, err := Flags(dst)
 	require.NoError(t, err)
 	CopyFlags(dst, src)
 	after, err := Flags(dst)
 	require.NoError(t, err)
-	assert.Equal(t, before|FlagNoAtime|FlagNoDump, after)
+	assert.Equal(t, before&^FlagSync|FlagNoAtime|FlagNoDump, after)
 
 	plain := openFlagged(t, filepath.Join(dir, "plain"), 0)
 	other := openFlagged(t, filepath.Join(dir, "other"), 0)
@@ -53,4 +54,35 @@ func TestCopyFlags(t *testing.T) {
 	after, err = Flags(other)
 	require.NoError(t, err)
 	assert.Equal(t, before, after)
+}
+
+// TestHeldFlags: ext4 keeps all four carried flags (D on a directory
+// only, which the probe makes and removes); tmpfs keeps A and d, not S
+// or D. The probe leaves nothing behind.
+func TestHeldFlags(t *testing.T) {
+	dir := t.TempDir()
+	var sfs unix.Statfs_t
+	require.NoError(t, unix.Statfs(dir, &sfs))
+	if sfs.Type == unix.EXT4_SUPER_MAGIC {
+		assert.Equal(t, CarriedFlags, HeldFlags(dir), "ext4")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	tmp := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", tmp, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { _ = unix.Unmount(tmp, unix.MNT_DETACH) })
+	assert.Zero(t, HeldFlags(tmp)&(FlagSync|FlagDirSync), "tmpfs keeps neither S nor D")
+	for _, d := range []string{dir, tmp} {
+		ents, err := os.ReadDir(d)
+		require.NoError(t, err)
+		assert.Empty(t, ents, d)
+	}
+}
+
+// TestFlagLetters: as lsattr names them.
+func TestFlagLetters(t *testing.T) {
+	assert.Equal(t, "-", FlagLetters(0))
+	assert.Equal(t, "SdA", FlagLetters(FlagSync|FlagNoDump|FlagNoAtime|0x10))
+	assert.Equal(t, "D", FlagLetters(FlagDirSync))
 }

@@ -877,6 +877,9 @@ func (l *Layers) compareWith(up string, ust *unix.Stat_t, lpath string, lo *lowe
 		(ust.Mode&unix.S_IFMT != unix.S_IFDIR && ust.Mtim != lo.st.Mtim) || !l.sameXattrs(up, lpath) {
 		return Metadata, nil
 	}
+	if t := ust.Mode & unix.S_IFMT; (t == unix.S_IFREG || t == unix.S_IFDIR) && !l.sameFlags(up, lpath) {
+		return Metadata, nil // chattr (SetFlags)
+	}
 	if ust.Mode&unix.S_IFMT == unix.S_IFDIR && times {
 		// Set explicitly, even to the original's time: the commit's
 		// changes beneath it would move it otherwise.
@@ -1048,7 +1051,8 @@ func (l *Layers) classifyRoot(times bool) (Change, bool, error) {
 	if err := unix.Lstat(l.lowers[0], &lst); err != nil {
 		return Change{}, false, err
 	}
-	if ust.Mode == lst.Mode && ust.Uid == lst.Uid && ust.Gid == lst.Gid && !times && l.sameXattrs(l.upper, l.lowers[0]) {
+	if ust.Mode == lst.Mode && ust.Uid == lst.Uid && ust.Gid == lst.Gid && !times && l.sameXattrs(l.upper, l.lowers[0]) &&
+		l.sameFlags(l.upper, l.lowers[0]) {
 		return Change{}, false, nil
 	}
 	return Change{Path: "", Kind: Metadata, Type: "dir"}, true, nil

@@ -23,6 +23,7 @@ const (
 	AttrOwner             // uid or gid
 	AttrSize              // truncate
 	AttrTimes             // atime or mtime
+	AttrFlags             // inode flags (chattr; SetFlags)
 )
 
 func (a *SetAttr) mask() uint32 {
