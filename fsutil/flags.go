@@ -207,3 +207,62 @@ func FlagsAt(dirfd int, path string) (uint32, bool) {
 	f, err := Flags(fd)
 	return f & CarriedFlags, err == nil
 }
+
+// Protection is what an object's immutable and append-only flags (chattr
+// +i, +a) forbid, as statx(2) reports them (STATX_ATTR_IMMUTABLE,
+// STATX_ATTR_APPEND) at no cost beyond the stat.
+type Protection uint8
+
+const (
+	Immutable  Protection = 1 << iota // nothing of it may change
+	AppendOnly                        // a file may only grow; a directory only gain entries
+)
+
+// Lstatx is fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW) through statx,
+// which also gives the object's Protection; with name "", dirfd's own.
+func Lstatx(dirfd int, name string, st *unix.Stat_t) (Protection, error) {
+	var x unix.Statx_t
+	flags := unix.AT_SYMLINK_NOFOLLOW
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	for {
+		err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS, &x)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) {
+			return 0, err
+		}
+	}
+	*st = unix.Stat_t{
+		Dev:  unix.Mkdev(x.Dev_major, x.Dev_minor),
+		Ino:  x.Ino,
+		Mode: uint32(x.Mode),
+		Uid:  x.Uid,
+		Gid:  x.Gid,
+		Rdev: unix.Mkdev(x.Rdev_major, x.Rdev_minor),
+		Size: int64(x.Size),
+	}
+	// Fields whose width differs between architectures.
+	setInt(&st.Nlink, int64(x.Nlink))
+	setInt(&st.Blksize, int64(x.Blksize))
+	setInt(&st.Blocks, int64(x.Blocks))
+	for _, t := range []struct {
+		to   *unix.Timespec
+		from unix.StatxTimestamp
+	}{{&st.Atim, x.Atime}, {&st.Mtim, x.Mtime}, {&st.Ctim, x.Ctime}} {
+		setInt(&t.to.Sec, t.from.Sec)
+		setInt(&t.to.Nsec, int64(t.from.Nsec))
+	}
+	var p Protection
+	if x.Attributes&unix.STATX_ATTR_IMMUTABLE != 0 {
+		p |= Immutable
+	}
+	if x.Attributes&unix.STATX_ATTR_APPEND != 0 {
+		p |= AppendOnly
+	}
+	return p, nil
+}
+
+func setInt[T ~int32 | ~int64 | ~uint32 | ~uint64](p *T, v int64) { *p = T(v) }

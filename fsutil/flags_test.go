@@ -86,3 +86,41 @@ func TestFlagLetters(t *testing.T) {
 	assert.Equal(t, "SdA", FlagLetters(FlagSync|FlagNoDump|FlagNoAtime|0x10))
 	assert.Equal(t, "D", FlagLetters(FlagDirSync))
 }
+
+// TestLstatx: the attributes are lstat's, field for field, for every kind
+// of object; the protection is what chattr +i and +a set.
+func TestLstatx(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("data"), 0o640))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "d"), 0o750))
+	require.NoError(t, os.Symlink("f", filepath.Join(dir, "l")))
+	require.NoError(t, unix.Mkfifo(filepath.Join(dir, "p"), 0o600))
+	for _, name := range []string{"f", "d", "l", "p", "/dev/null"} {
+		var want, got unix.Stat_t
+		p := filepath.Join(dir, name)
+		if filepath.IsAbs(name) {
+			p = name
+		}
+		require.NoError(t, unix.Lstat(p, &want))
+		prot, err := Lstatx(unix.AT_FDCWD, p, &got)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, name)
+		assert.Zero(t, prot, name)
+	}
+	for _, c := range []struct {
+		flag uint32
+		want Protection
+	}{{0x10, Immutable}, {0x20, AppendOnly}} {
+		fd := openFlagged(t, filepath.Join(dir, "g"), 0)
+		base, err := Flags(fd)
+		require.NoError(t, err)
+		if err := SetFlags(fd, base|c.flag); err != nil {
+			t.Skipf("chattr +i/+a: %v", err)
+		}
+		var st unix.Stat_t
+		prot, err := Lstatx(unix.AT_FDCWD, filepath.Join(dir, "g"), &st)
+		require.NoError(t, SetFlags(fd, base))
+		require.NoError(t, err)
+		assert.Equal(t, c.want, prot)
+	}
+}

@@ -77,7 +77,8 @@ func (n *node) fsGetXattr(out []byte) syscall.Errno {
 }
 
 // setFlags changes n's inode flags (layers.SetFlags) and has the kernel
-// read its attributes again (the change moved its ctime).
+// read its attributes again (the change moved its ctime; a name of an
+// original hard link, parted by the copy-up, is looked up again).
 func (n *node) setFlags(ctx context.Context, flags uint32) syscall.Errno {
 	defer n.fs.enter()()
 	defer n.fs.names.shared()()
@@ -91,7 +92,9 @@ func (n *node) setFlags(ctx context.Context, flags uint32) syscall.Errno {
 	if err != nil {
 		return n.fs.toErrno("set inode flags", err)
 	}
-	_ = n.NotifyContent(-1, 0)
+	if !n.reissueHere() { // a name of an original hard link parts (Setxattr)
+		_ = n.NotifyContent(-1, 0)
+	}
 	return 0
 }
 

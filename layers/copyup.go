@@ -85,8 +85,13 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 	tmp := filepath.Join(l.work, fsutil.TempName(".copyup-"))
 	made := false
 	err := l.lowerDo(src, func(spath string) error {
-		if err := unix.Lstat(spath, &st); err != nil {
+		prot, err := fsutil.Lstatx(unix.AT_FDCWD, spath, &st)
+		if err != nil {
 			return err
+		}
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		if !isDir && (prot != 0 || l.lowerParentProt(src) != 0) {
+			return unix.EPERM // protect.go
 		}
 		if l.Journal() != nil {
 			if err := l.noteBase(src, &st); err != nil {
@@ -98,7 +103,15 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 			og.ino = l.stableIno(st.Dev, st.Ino)
 		}
 		made = true
-		return l.buildCopy(tmp, spath, &st, og, data)
+		if err := l.buildCopy(tmp, spath, &st, og, data); err != nil {
+			return err
+		}
+		if prot != 0 {
+			// Copied up as the parent of a change deeper down: the
+			// copy keeps the original's protection (protect.go).
+			return unix.Lsetxattr(tmp, l.ns.protattr, protattr(prot), 0)
+		}
+		return nil
 	})
 	if err != nil {
 		if made {

@@ -64,6 +64,9 @@ func (l *Layers) SetFlags(rel string, o *Obj, fd int, flags uint32, c Caller) er
 	if change == 0 {
 		return nil
 	}
+	if err := o.mayChange(); err != nil {
+		return err
+	}
 	if change&^fsutil.CarriedFlags != 0 || !l.keepsFlags() {
 		return unix.EOPNOTSUPP
 	}

@@ -75,7 +75,10 @@ func (o Origin) child(name string) Origin {
 // a lookup found it absent since: see absentIn) and Lowers lists the lower
 // directories merged beneath it, top first.
 type Obj struct {
-	Upper  bool
+	Upper bool
+	// prot is what the original object's immutable and append-only
+	// flags forbid (protect.go), learnt when it was looked up.
+	prot   fsutil.Protection
 	Lowers []Origin
 	// absentAt is 1 + the generation of upper directories (dirGen) at
 	// which a lookup found nothing at this object's path in the upper

@@ -22,6 +22,8 @@ func (l *Layers) Root() (Entry, error) {
 	}
 	e.Lowers = l.lowerRoots(0)
 	e.Stat.Nlink = 1
+	var st unix.Stat_t
+	e.prot, _ = fsutil.Lstatx(unix.AT_FDCWD, l.lowers[0], &st)
 	return e, nil
 }
 
@@ -61,7 +63,7 @@ func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
 	case e.Upper:
 		e.Lowers = dirs
 	case first != nil:
-		e.Stat = first.st
+		e.Stat, e.prot = first.st, first.prot
 		e.Stat.Ino = l.stableIno(first.st.Dev, first.st.Ino)
 		if e.IsDir() {
 			e.Lowers = dirs
@@ -97,6 +99,9 @@ func (l *Layers) upperAttrs(upath string, e *Entry) (bool, string) {
 		}
 		return false
 	}
+	if has(l.ns.protattr) {
+		e.prot = l.readProtattr(upath)
+	}
 	if has(l.ns.origin) {
 		if o, ok := l.readOrigin(upath); ok {
 			if o.ino != 0 {
@@ -129,7 +134,10 @@ func (l *Layers) upperAttrs(upath string, e *Entry) (bool, string) {
 type lowerHit struct {
 	origin Origin
 	st     unix.Stat_t
+	prot   fsutil.Protection
 }
+
+func (h *lowerHit) isDir() bool { return h.st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
 // stepLowers looks name up in each lower directory, top first, honouring
 // whiteouts, opaque directories and redirects of the lower layers. It
@@ -142,7 +150,8 @@ func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*low
 	for i, lo := range lowers {
 		o := lo.child(name)
 		var st unix.Stat_t
-		if err := l.lowerLstat(o, &st); err != nil {
+		prot, err := l.lowerLstatx(o, &st)
+		if err != nil {
 			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 				continue
 			}
@@ -153,7 +162,7 @@ func (l *Layers) stepLowers(lowers []Origin, name string, upperAbove bool) (*low
 		}
 		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 		if first == nil && !upperAbove {
-			first = &lowerHit{origin: o, st: st}
+			first = &lowerHit{origin: o, st: st, prot: prot}
 			if !isDir {
 				break
 			}

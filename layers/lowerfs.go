@@ -124,6 +124,17 @@ func (l *Layers) lowerLstat(o Origin, st *unix.Stat_t) error {
 	return err
 }
 
+// lowerLstatx is lowerLstat that also gives o's protection.
+func (l *Layers) lowerLstatx(o Origin, st *unix.Stat_t) (fsutil.Protection, error) {
+	dir, name, err := l.lowerDir(o)
+	if err != nil {
+		return 0, err
+	}
+	prot, err := fsutil.Lstatx(dir.fd, name, st)
+	l.releaseDir(dir)
+	return prot, err
+}
+
 // lowerOpen opens the lower object o (flags gain O_NOFOLLOW|O_CLOEXEC).
 func (l *Layers) lowerOpen(o Origin, flags int) (int, error) {
 	dir, name, err := l.lowerDir(o)

@@ -17,6 +17,9 @@ import (
 func (l *Layers) Open(rel string, o *Obj, flags int, c Caller) (int, bool, error) {
 	write := flags&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0
 	if write {
+		if err := o.mayChange(); err != nil {
+			return -1, false, err
+		}
 		op := OpWrite
 		if flags&unix.O_TRUNC != 0 {
 			op = OpTruncate
@@ -64,6 +67,9 @@ func openUpper(path string, flags int) (int, error) {
 
 // Create makes a new regular file name in dirRel and opens it read-write.
 func (l *Layers) Create(dirRel string, dir Obj, name string, mode uint32, c Caller) (int, Entry, error) {
+	if err := dir.mayAdd(); err != nil {
+		return -1, Entry{}, err
+	}
 	fd := -1
 	e, err := l.newObject(Join(dirRel, name), OpCreate, "", mode, c, func(p string) error {
 		var err error
@@ -80,6 +86,9 @@ func (l *Layers) Create(dirRel string, dir Obj, name string, mode uint32, c Call
 // Mkdir makes a new directory. One made where a whiteout hid a lower
 // directory is opaque, so the old contents stay hidden.
 func (l *Layers) Mkdir(dirRel string, dir Obj, name string, mode uint32, c Caller) (Entry, error) {
+	if err := dir.mayAdd(); err != nil {
+		return Entry{}, err
+	}
 	return l.newObject(Join(dirRel, name), OpMkdir, "", mode|unix.S_IFDIR, c, func(p string) error {
 		return unix.Mkdir(p, mode&0o7777)
 	})
@@ -87,6 +96,9 @@ func (l *Layers) Mkdir(dirRel string, dir Obj, name string, mode uint32, c Calle
 
 // Mknod makes a FIFO, socket or device node.
 func (l *Layers) Mknod(dirRel string, dir Obj, name string, mode, dev uint32, c Caller) (Entry, error) {
+	if err := dir.mayAdd(); err != nil {
+		return Entry{}, err
+	}
 	return l.newObject(Join(dirRel, name), OpMknod, "", mode, c, func(p string) error {
 		return unix.Mknod(p, mode, int(dev))
 	})
@@ -94,6 +106,9 @@ func (l *Layers) Mknod(dirRel string, dir Obj, name string, mode, dev uint32, c 
 
 // Symlink makes a symbolic link name -> target.
 func (l *Layers) Symlink(dirRel string, dir Obj, name, target string, c Caller) (Entry, error) {
+	if err := dir.mayAdd(); err != nil {
+		return Entry{}, err
+	}
 	return l.newObject(Join(dirRel, name), OpSymlink, target, unix.S_IFLNK|0o777, c, func(p string) error {
 		return unix.Symlink(target, p)
 	})
@@ -103,6 +118,12 @@ func (l *Layers) Symlink(dirRel string, dir Obj, name, target string, c Caller) 
 // up first (links are made between upper copies).
 func (l *Layers) Link(srcRel string, src *Obj, dirRel string, dir Obj, name string, c Caller) (Entry, error) {
 	rel := Join(dirRel, name)
+	if err := src.mayChange(); err != nil {
+		return Entry{}, err
+	}
+	if err := dir.mayAdd(); err != nil {
+		return Entry{}, err
+	}
 	if err := l.record(OpLink, rel, srcRel, 0, c); err != nil {
 		return Entry{}, err
 	}
@@ -238,6 +259,9 @@ func (l *Layers) place(rel string, isDir bool, mk func(string) error) error {
 // Unlink removes the non-directory name from dirRel.
 func (l *Layers) Unlink(dirRel string, dir Obj, name string, c Caller) error {
 	rel := Join(dirRel, name)
+	if err := dir.mayRemove(); err != nil {
+		return err
+	}
 	if err := l.record(OpUnlink, rel, "", 0, c); err != nil {
 		return err
 	}
@@ -254,6 +278,12 @@ func (l *Layers) Rmdir(dirRel string, dir Obj, name string, c Caller) error {
 	}
 	if !e.IsDir() {
 		return unix.ENOTDIR
+	}
+	if err := dir.mayRemove(); err != nil {
+		return err
+	}
+	if err := e.mayChange(); err != nil {
+		return err
 	}
 	ents, err := l.ReadDir(rel, e.Obj)
 	if err != nil {
@@ -276,6 +306,9 @@ func (l *Layers) remove(rel string, dir Obj, name string) error {
 		return err
 	}
 	need := first != nil || len(dirs) > 0
+	if first != nil && first.prot != 0 && !first.isDir() {
+		return unix.EPERM // protect.go (a directory's was checked by Rmdir)
+	}
 	if first != nil {
 		if err := l.noteBase(first.origin, &first.st); err != nil {
 			return err

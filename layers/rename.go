@@ -30,6 +30,9 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 	if err := checkRename(l, newRel, &se, &te, exists, flags); err != nil {
 		return err
 	}
+	if err := mayRename(&od, &nd, &se, &te, exists, flags); err != nil {
+		return err
+	}
 	if exists && flags&unix.RENAME_EXCHANGE == 0 && !l.inUpper(newRel) && len(te.Lowers) > 0 {
 		// An original object replaced: a commit checks it is still the
 		// one the sandbox saw.

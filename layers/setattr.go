@@ -52,6 +52,9 @@ func (l *Layers) Setattr(rel string, o *Obj, fd int, a SetAttr, c Caller) (unix.
 	if m == 0 {
 		return l.statFd(rel, *o, fd)
 	}
+	if err := o.mayChange(); err != nil {
+		return st, err
+	}
 	op := OpSetattr
 	if a.Size != nil {
 		op = OpTruncate

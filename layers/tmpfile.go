@@ -14,6 +14,9 @@ import (
 // entry. It gets a name, and a journal record, only if it is linked in
 // (LinkFd).
 func (l *Layers) Tmpfile(dirRel string, dir Obj, mode uint32, c Caller) (int, Entry, error) {
+	if err := dir.mayAdd(); err != nil {
+		return -1, Entry{}, err
+	}
 	var pst unix.Stat_t
 	var p perms
 	err := l.realDo(dirRel, dir, func(dirPath string) (err error) {
@@ -68,6 +71,9 @@ func (l *Layers) settleFd(fd int, pst *unix.Stat_t, p *perms, c Caller) (Entry, 
 // open) the name name in dirRel. For the change set it is a new file.
 func (l *Layers) LinkFd(fd int, dirRel string, dir Obj, name string, c Caller) (Entry, error) {
 	rel := Join(dirRel, name)
+	if err := dir.mayAdd(); err != nil {
+		return Entry{}, err
+	}
 	if err := l.record(OpCreate, rel, "", 0, c); err != nil {
 		return Entry{}, err
 	}

@@ -18,6 +18,7 @@ type xattrNames struct {
 	opaque   string
 	redirect string
 	origin   string // sbxfs: the stable inode number and lower path of a copied-up object
+	protattr string // the immutable/append-only flags of a copied-up original directory
 }
 
 func newXattrNames(user bool) xattrNames {
@@ -30,6 +31,7 @@ func newXattrNames(user bool) xattrNames {
 		opaque:   p + "opaque",
 		redirect: p + "redirect",
 		origin:   p + "sbxfs.origin",
+		protattr: p + "protattr",
 	}
 }
 
@@ -140,6 +142,9 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 	if l.Private(name) {
 		return unix.EPERM
 	}
+	if err := o.mayChange(); err != nil {
+		return err
+	}
 	if flags&(unix.XATTR_CREATE|unix.XATTR_REPLACE) != 0 && !o.Upper {
 		// A create of an attribute there is, or a replace of one there
 		// is not, fails without a change: check before the copy-up,
@@ -165,6 +170,9 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
 	if l.Private(name) {
 		return unix.ENODATA
+	}
+	if err := o.mayChange(); err != nil {
+		return err
 	}
 	// A missing attribute is an error without a change: check before copy-up.
 	if _, err := l.Getxattr(rel, *o, name, nil); err != nil {

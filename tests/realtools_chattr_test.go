@@ -96,3 +96,73 @@ func TestChattrAndLsattr(t *testing.T) {
 	_, err = os.Stat(filepath.Join(orig, "d/h"))
 	require.NoError(t, err)
 }
+
+// chattrOrig runs chattr on an original path and undoes it when the test
+// ends (an immutable tree cannot be removed); it skips where the
+// filesystem keeps no such flag.
+func chattrOrig(t *testing.T, flag, p string) {
+	t.Helper()
+	if out, err := exec.Command("chattr", "+"+flag, p).CombinedOutput(); err != nil {
+		t.Skipf("chattr +%s %s: %v %s", flag, p, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-"+flag, p).Run() })
+}
+
+// TestProtectedOriginalsThroughAMount: the shell's and coreutils' changes
+// of immutable and append-only originals fail at once with "Operation
+// not permitted", as on ext4 and kernel overlayfs, and nothing of them
+// reaches the sandbox; what a commit can apply (a file made in an
+// append-only directory, a change beneath an immutable directory's
+// subdirectory) works and commits, the originals keeping their flags.
+// Until 2026-11-27 the changes were made in the sandbox and its commit
+// failed (exit 8).
+func TestProtectedOriginalsThroughAMount(t *testing.T) {
+	rtNeedCLI(t)
+	rtNeedTool(t, "chattr")
+	orig := newOrig(t, map[string]string{"i": "i\n", "a": "a\n", "I/x": "x\n", "I/sub/z": "z\n", "A/y": "y\n"})
+	chattrOrig(t, "i", filepath.Join(orig, "i"))
+	chattrOrig(t, "a", filepath.Join(orig, "a"))
+	chattrOrig(t, "i", filepath.Join(orig, "I"))
+	chattrOrig(t, "a", filepath.Join(orig, "A"))
+	sb := mountSandbox(t, orig)
+	sh := func(script string) (string, error) {
+		cmd := exec.Command("sh", "-c", script)
+		cmd.Dir = sb.mnt
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	for _, script := range []string{
+		"echo more >> i", "echo new > i", "chmod 600 i", "rm -f i", "mv i j", "ln i k", "touch i",
+		"echo new > a", "echo more >> a", "rm -f a", "mv a b",
+		"touch I/new", "mkdir I/d", "rm I/x", "mv I/x x2", "echo new > I/x", "chmod 700 I",
+		"rm A/y", "mv A/y y2", "echo new > A/y",
+	} {
+		out, err := sh(script)
+		if assert.Error(t, err, script) {
+			assert.Contains(t, out, "Operation not permitted", script)
+		}
+	}
+	assert.Contains(t, lsattrLetters(t, sb.path("i")), "i", "lsattr shows the original's immutable flag")
+	for _, script := range []string{"touch A/new", "echo changed > I/sub/z"} {
+		out, err := sh(script)
+		require.NoError(t, err, "%s: %s", script, out)
+	}
+	st, err := exec.Command(cliBin, "status", sb.mnt).CombinedOutput()
+	require.NoError(t, err, "%s", st)
+	assert.Equal(t, "A A/new\nM I/sub/z\n2 changes: 1 created, 1 modified\n", string(st), "sbxfs status: nothing of the refused changes")
+
+	rtCommit(t, sb, "protected")
+	assert.Equal(t, "changed\n", mustRead(t, filepath.Join(orig, "I/sub/z")))
+	for p, l := range map[string]string{"i": "i", "a": "a", "I": "i", "A": "a"} {
+		assert.Contains(t, lsattrLetters(t, filepath.Join(orig, p)), l, "%s keeps its flag", p)
+	}
+}
+
+// lsattrLetters is the flags field lsattr(1) prints for p.
+func lsattrLetters(t *testing.T, p string) string {
+	t.Helper()
+	out, err := exec.Command("lsattr", "-d", p).CombinedOutput()
+	require.NoError(t, err, "lsattr -d %s: %s", p, out)
+	field, _, _ := strings.Cut(string(out), " ")
+	return field
+}

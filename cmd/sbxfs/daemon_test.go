@@ -492,13 +492,17 @@ func TestManagedRunConflict(t *testing.T) {
 // original's file system refuses keeps the sandbox mounted and says to
 // commit it once the cause is settled (not to resolve conflicts it does
 // not have); the daemon passes the system error on (errno in --json).
+// The command makes the original's directory immutable after its change
+// in the sandbox (one made immutable before is refused in the sandbox).
 func TestManagedRunCommitRefusedByTheFileSystem(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)
 	o := e.original("o")
-	require.NoError(t, os.Mkdir(filepath.Join(o, "sub"), 0o755))
-	undo := immutable.Set(t, filepath.Join(o, "sub"))
-	r := e.sbxfs("run", "--commit-on-success", "--json", o, "--", "sh", "-c", "echo new > sub/new")
+	sub := filepath.Join(o, "sub")
+	require.NoError(t, os.Mkdir(sub, 0o755))
+	undo := immutable.Set(t, sub) // skips where it cannot be done
+	undo()
+	r := e.sbxfs("run", "--commit-on-success", "--json", o, "--", "sh", "-c", `echo new > sub/new && chattr +i "$0"`, sub)
 	assertFailure(t, r, exitCommitFailed, "operation not permitted")
 	assert.Contains(t, r.stderr, "may be immutable or append-only")
 	assert.Contains(t, r.stderr, "' once the cause is settled, or 'sbxfs destroy ")

@@ -1,0 +1,114 @@
+package layers
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// Immutable and append-only originals (chattr +i, +a). A commit cannot
+// apply a change to such an object: it would replace, remove or rename
+// it, which both flags forbid. So the sandbox refuses the change at once,
+// with ext4's EPERM, as kernel overlayfs does (which copies the two flags
+// to its inode): a change of the object's content or attributes, its
+// removal or renaming, a hard link to it; for a directory, any entry
+// added (immutable) or removed (both). Entries may still be added to an
+// append-only directory: the commit can. An append to an append-only
+// file is refused too, where ext4 allows it (the commit could not
+// replace the file), and so is any change of a file in a protected
+// directory (the commit puts a changed file in place by a rename there,
+// which the directory's flag forbids; a chmod, which the commit could
+// make in place, is refused with it: a file in such a directory is never
+// copied up).
+//
+// The protection is learnt from statx at lookup (Obj.prot). A directory
+// copied up as the parent of a change deeper down keeps it in an
+// attribute of its copy (protattr, kernel overlayfs's name and letters),
+// which lookups of the copy read back. A file is never copied up while
+// its original is protected (copyUpOne checks again).
+
+// mayChange refuses a change of the object itself.
+func (o *Obj) mayChange() error {
+	if o.prot != 0 {
+		return unix.EPERM
+	}
+	return nil
+}
+
+// mayAdd refuses a new entry in the directory.
+func (o *Obj) mayAdd() error {
+	if o.prot&fsutil.Immutable != 0 {
+		return unix.EPERM
+	}
+	return nil
+}
+
+// mayRemove refuses taking an entry out of the directory.
+func (o *Obj) mayRemove() error {
+	if o.prot != 0 {
+		return unix.EPERM
+	}
+	return nil
+}
+
+// lowerParentProt is the protection of the lower directory that holds o.
+func (l *Layers) lowerParentProt(o Origin) fsutil.Protection {
+	dir, name, err := l.lowerDir(o)
+	if err != nil || name == "." {
+		return 0
+	}
+	defer l.releaseDir(dir)
+	var st unix.Stat_t
+	prot, _ := fsutil.Lstatx(dir.fd, "", &st)
+	return prot
+}
+
+// protattr encodes p as kernel overlayfs does: 'a' for append-only, 'i'
+// for immutable.
+func protattr(p fsutil.Protection) []byte {
+	var b []byte
+	if p&fsutil.AppendOnly != 0 {
+		b = append(b, 'a')
+	}
+	if p&fsutil.Immutable != 0 {
+		b = append(b, 'i')
+	}
+	return b
+}
+
+// readProtattr reads the protection kept on the upper copy at path.
+func (l *Layers) readProtattr(path string) fsutil.Protection {
+	v, err := fsutil.LGetXattr(path, l.ns.protattr)
+	if err != nil {
+		return 0
+	}
+	var p fsutil.Protection
+	for _, c := range v {
+		switch c {
+		case 'a':
+			p |= fsutil.AppendOnly
+		case 'i':
+			p |= fsutil.Immutable
+		}
+	}
+	return p
+}
+
+// mayRename refuses a rename the protection of the directories (od, nd)
+// or the objects (se, te when exists) forbids: the source leaves od and
+// enters nd; a replaced target leaves nd; an exchange does both ways.
+func mayRename(od, nd *Obj, se, te *Entry, exists bool, flags uint32) error {
+	checks := []error{od.mayRemove(), nd.mayAdd(), se.mayChange()}
+	if exists {
+		checks = append(checks, nd.mayRemove(), te.mayChange())
+	}
+	if flags&unix.RENAME_EXCHANGE != 0 {
+		checks = append(checks, od.mayAdd())
+	}
+	for _, err := range checks {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
