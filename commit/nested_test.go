@@ -305,7 +305,7 @@ func TestCommitMetadataOfAHardLinkedOriginal(t *testing.T) {
 	assert.EqualValues(t, 1, e.Nlink)
 	f, g := st(filepath.Join(s.orig, "f")), st(filepath.Join(s.orig, "g"))
 	assert.NotEqual(t, f.Ino, g.Ino, "f and g are two files, as the sandbox showed")
-	assert.EqualValues(t, [2]uint64{1, 1}, [2]uint64{f.Nlink, g.Nlink})
+	assert.EqualValues(t, [2]uint64{1, 1}, [2]uint64{uint64(f.Nlink), uint64(g.Nlink)})
 }
 
 // A new file with an original's content in the place of that original,

@@ -245,15 +245,15 @@ func Lstatx(dirfd int, name string, st *unix.Stat_t) (Protection, error) {
 		Size: int64(x.Size),
 	}
 	// Fields whose width differs between architectures.
-	setInt(&st.Nlink, int64(x.Nlink))
-	setInt(&st.Blksize, int64(x.Blksize))
-	setInt(&st.Blocks, int64(x.Blocks))
+	SetInt(&st.Nlink, int64(x.Nlink))
+	SetInt(&st.Blksize, int64(x.Blksize))
+	SetInt(&st.Blocks, int64(x.Blocks))
 	for _, t := range []struct {
 		to   *unix.Timespec
 		from unix.StatxTimestamp
 	}{{&st.Atim, x.Atime}, {&st.Mtim, x.Mtime}, {&st.Ctim, x.Ctime}} {
-		setInt(&t.to.Sec, t.from.Sec)
-		setInt(&t.to.Nsec, int64(t.from.Nsec))
+		SetInt(&t.to.Sec, t.from.Sec)
+		SetInt(&t.to.Nsec, int64(t.from.Nsec))
 	}
 	var p Protection
 	if x.Attributes&unix.STATX_ATTR_IMMUTABLE != 0 {
@@ -265,4 +265,6 @@ func Lstatx(dirfd int, name string, st *unix.Stat_t) (Protection, error) {
 	return p, nil
 }
 
-func setInt[T ~int32 | ~int64 | ~uint32 | ~uint64](p *T, v int64) { *p = T(v) }
+// SetInt sets an integer field of a system structure whose width differs
+// between architectures (unix.Stat_t's Nlink, Blksize, ...).
+func SetInt[T ~int32 | ~int64 | ~uint32 | ~uint64](p *T, v int64) { *p = T(v) }

@@ -13,6 +13,7 @@ import (
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -388,14 +389,16 @@ func keepAttrs(st *unix.Stat_t) lastAttrs {
 // stat returns the attributes kept (without device and inode numbers:
 // the node's stable number stands for the latter) and whether any are.
 func (a *lastAttrs) stat() (unix.Stat_t, bool) {
-	return unix.Stat_t{
+	st := unix.Stat_t{
 		Size: a.size, Blocks: a.blocks,
 		Atim: unix.Timespec{Sec: a.atime, Nsec: int64(a.atimeNs)},
 		Mtim: unix.Timespec{Sec: a.mtime, Nsec: int64(a.mtimeNs)},
 		Ctim: unix.Timespec{Sec: a.ctime, Nsec: int64(a.ctimeNs)},
-		Mode: a.mode, Nlink: uint64(a.nlink), Uid: a.uid, Gid: a.gid,
-		Rdev: uint64(a.rdev), Blksize: int64(a.blksize),
-	}, a.mode != 0
+		Mode: a.mode, Uid: a.uid, Gid: a.gid, Rdev: uint64(a.rdev),
+	}
+	fsutil.SetInt(&st.Nlink, int64(a.nlink)) // their width differs between architectures
+	fsutil.SetInt(&st.Blksize, int64(a.blksize))
+	return st, a.mode != 0
 }
 
 // fillAttr copies st into out with the node's stable inode number.

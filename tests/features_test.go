@@ -158,12 +158,12 @@ func TestInodeStability(t *testing.T) {
 	require.NoError(t, os.Link(sb.path("h1"), sb.path("h2")))
 	h1, h2 := lstat(t, sb.path("h1")), lstat(t, sb.path("h2"))
 	assert.Equal(t, h1.Ino, h2.Ino, "hard links have different st_ino")
-	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{h1.Nlink, h2.Nlink}, "nlink of two hard links")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{uint64(h1.Nlink), uint64(h2.Nlink)}, "nlink of two hard links")
 	o0 := ino("o.txt")
 	require.NoError(t, os.Link(sb.path("o.txt"), sb.path("o-link")))
 	ol, oo := lstat(t, sb.path("o-link")), lstat(t, sb.path("o.txt"))
 	assert.Equal(t, [2]uint64{o0, o0}, [2]uint64{oo.Ino, ol.Ino}, "st_ino of an original file and its new hard link")
-	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{oo.Nlink, ol.Nlink}, "nlink of an original file and its new hard link")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{uint64(oo.Nlink), uint64(ol.Nlink)}, "nlink of an original file and its new hard link")
 	require.NoError(t, os.Remove(sb.path("h2")))
 	h1 = lstat(t, sb.path("h1"))
 	assert.Equal(t, uint64(1), h1.Nlink, "nlink after unlinking one of two links")
@@ -186,7 +186,7 @@ func TestInodeStability(t *testing.T) {
 	assert.Equal(t, h1.Ino, ino("h1"), "st_ino of a hard link after remount")
 	ol, oo = lstat(t, sb.path("o-link")), lstat(t, sb.path("o.txt"))
 	assert.Equal(t, [2]uint64{o0, o0}, [2]uint64{oo.Ino, ol.Ino}, "st_ino of a linked original after remount")
-	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{oo.Nlink, ol.Nlink}, "nlink of a linked original after remount")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{uint64(oo.Nlink), uint64(ol.Nlink)}, "nlink of a linked original after remount")
 }
 
 // TestOriginalHardLinksBreakOnCopyUp: the names of a file with several
@@ -208,7 +208,7 @@ func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
 	sb := mountSandbox(t, orig, opts...)
 	a, b, c := lstat(t, sb.path("a")), lstat(t, sb.path("b")), lstat(t, sb.path("d/c"))
 	assert.Equal(t, [3]uint64{a.Ino, a.Ino, a.Ino}, [3]uint64{a.Ino, b.Ino, c.Ino}, "st_ino of the links of an original file")
-	assert.Equal(t, [3]uint64{3, 3, 3}, [3]uint64{a.Nlink, b.Nlink, c.Nlink}, "nlink of the links of an original file")
+	assert.Equal(t, [3]uint64{3, 3, 3}, [3]uint64{uint64(a.Nlink), uint64(b.Nlink), uint64(c.Nlink)}, "nlink of the links of an original file")
 	assert.Equal(t, "base\n", mustRead(t, sb.path("b")))
 	reader, err := unix.Open(sb.path("b"), unix.O_RDONLY, 0)
 	require.NoError(t, err)
@@ -233,7 +233,7 @@ func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
 	require.NoError(t, appendFile(sb.path("e"), []byte("via e\n")))
 	be, ee := lstat(t, sb.path("b")), lstat(t, sb.path("e"))
 	assert.Equal(t, be.Ino, ee.Ino, "st_ino of b and its new link e")
-	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{be.Nlink, ee.Nlink}, "nlink of b and its new link e")
+	assert.Equal(t, [2]uint64{2, 2}, [2]uint64{uint64(be.Nlink), uint64(ee.Nlink)}, "nlink of b and its new link e")
 	check("after a link to b was written", "base\nvia e\n")
 
 	remount(t, sb)
@@ -251,7 +251,7 @@ func testOriginalHardLinks(t *testing.T, opts ...mountOption) {
 		assert.Equal(t, want, mustRead(t, filepath.Join(orig, name)), "the original's %s after the commit", name)
 	}
 	ob, oe := lstat(t, filepath.Join(orig, "b")), lstat(t, filepath.Join(orig, "e"))
-	assert.Equal(t, [2]uint64{ob.Ino, 2}, [2]uint64{oe.Ino, ob.Nlink}, "the original's b and e after the commit: one file, two links")
+	assert.Equal(t, [2]uint64{ob.Ino, 2}, [2]uint64{oe.Ino, uint64(ob.Nlink)}, "the original's b and e after the commit: one file, two links")
 }
 
 // TestPartedLinkShowsItsOwnInode: a name of an original file with several
@@ -311,7 +311,7 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	require.NoError(t, os.Rename(sb.path("d/rename"), sb.path("renamed")))
 	parted("renamed")
 	link, linked := lstat(t, sb.path("link")), lstat(t, sb.path("linked"))
-	assert.Equal(t, [2]uint64{link.Ino, 2}, [2]uint64{linked.Ino, linked.Nlink}, "link and its new name linked: one inode, two links")
+	assert.Equal(t, [2]uint64{link.Ino, 2}, [2]uint64{linked.Ino, uint64(linked.Nlink)}, "link and its new name linked: one inode, two links")
 
 	// The written name is reissued at its last release, which the kernel
 	// sends after close(2) returns.
@@ -324,7 +324,7 @@ func testPartedLinks(t *testing.T, opts ...mountOption) {
 	assert.NotContains(t, seen, ino, "write has the number of %s", seen[ino])
 	assert.Equal(t, "shared\nmore\n", mustRead(t, sb.path("write")))
 	st := lstat(t, sb.path("keep"))
-	assert.Equal(t, [2]uint64{keep.Ino, 6}, [2]uint64{st.Ino, st.Nlink}, "keep, untouched: the original's number and link count")
+	assert.Equal(t, [2]uint64{keep.Ino, 6}, [2]uint64{st.Ino, uint64(st.Nlink)}, "keep, untouched: the original's number and link count")
 
 	// What a user runs into: cp over a parted name.
 	cp := exec.Command("cp", "chmod", "keep")
@@ -441,7 +441,7 @@ func TestPartingLinksUnderConcurrentStats(t *testing.T) {
 		name := parted(i)
 		if i%3 == 1 {
 			f, h := lstat(t, sb.path(name)), lstat(t, sb.path(fmt.Sprintf("h%d", i)))
-			assert.Equal(t, [2]uint64{f.Ino, 2}, [2]uint64{h.Ino, h.Nlink}, "%s and its new link h%d (g%d: %#x)", name, i, i, g[i])
+			assert.Equal(t, [2]uint64{f.Ino, 2}, [2]uint64{h.Ino, uint64(h.Nlink)}, "%s and its new link h%d (g%d: %#x)", name, i, i, g[i])
 			continue
 		}
 		assert.Eventually(t, func() bool { return lstat(t, sb.path(name)).Ino != g[i] },

@@ -108,7 +108,7 @@ func walkTree(root string, o walkOpts) (map[string]nodeInfo, error) {
 			n.Xattrs = x
 		}
 		if n.Type != unix.S_IFDIR {
-			n.Size, n.Nlink = st.Size, st.Nlink
+			n.Size, n.Nlink = st.Size, uint64(st.Nlink)
 			if o.mtime {
 				n.Mtime = st.Mtim
 			}
