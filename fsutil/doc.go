@@ -7,7 +7,8 @@
 //     and [CopyFlags] (the chattr flags a copy keeps) copy metadata.
 //   - Inode flags: [Flags], [SetFlags], [FsGetXattr]; [OpenForFlags] opens
 //     only a file or directory for them; [HeldFlags] probes which of the
-//     carried flags a filesystem keeps.
+//     carried flags a filesystem keeps. [Lstatx] is lstat through statx,
+//     which also tells an immutable or append-only object ([Protection]).
 //   - Extended attributes: [ListXattrs], [GetXattr] and their path variants
 //     that never follow a symlink, [LListXattrs] and [LGetXattr].
 //   - Safe resolution: [CleanRel] validates a path relative to a root;
