@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"path"
-	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -233,7 +232,7 @@ func findConflicts(orig *tree, upper string, cs layers.ChangeSet, bases, saw map
 			// and attributes must be the sandbox's, as the commit sets
 			// them: the original changed none, or changed them as the
 			// sandbox did. (One it removes goes with its attributes.)
-			if c.Kind != layers.Deleted && !sameAttrs(orig, p, filepath.Join(upper, c.Path)) {
+			if c.Kind != layers.Deleted && !sameAttrs(orig, p, upper, c.Path) {
 				add(c.Path, "changed in the original, and its owner or attributes differ from the sandbox's", p)
 			}
 		default:
@@ -343,13 +342,13 @@ func entriesOnly(c layers.Change, base layers.Signature, st *unix.Stat_t) bool {
 }
 
 // sameAttrs reports whether the original object rel has the owner and
-// extended attributes of the sandbox's object at upper.
-func sameAttrs(orig *tree, rel, upper string) bool {
+// extended attributes of the sandbox's object at upperRel in the upper.
+func sameAttrs(orig *tree, rel, upper, upperRel string) bool {
 	o, err := orig.metaAt(rel)
 	if err != nil {
 		return false
 	}
-	fd, err := unix.Open(upper, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openUpperObj(upper, upperRel)
 	if err != nil {
 		return false
 	}

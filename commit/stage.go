@@ -40,6 +40,17 @@ func stageObject(upper string, ust *unix.Stat_t, txn *tree, slot string, sameFS 
 	return st, strip, err
 }
 
+// openUpperObj opens (O_PATH, never following it) the object at rel in
+// the upper directory upper, however deep (fsutil.ShortPath).
+func openUpperObj(upper, rel string) (int, error) {
+	up, err := fsutil.ShortPath(upper, rel)
+	if err != nil {
+		return -1, err
+	}
+	defer up.Close()
+	return unix.Open(up.Path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
 func overlayAttrs(path string) (map[string][]byte, error) {
 	names, err := fsutil.LListXattrs(path)
 	if err != nil {

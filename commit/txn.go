@@ -355,7 +355,15 @@ func onOneMount(orig *tree, steps []step) error {
 // Names of one upper inode (hard links) are staged as one inode: linked
 // from the upper, or copied once and linked within the transaction.
 func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, made map[string]bool) error {
-	upper := filepath.Join(x.cfg.Upper, s.Path)
+	var upper string // the sandbox's object, however deep (fsutil.ShortPath)
+	if s.Kind == opInstall || s.Kind == opMkdir || s.Kind == opMeta {
+		up, err := fsutil.ShortPath(x.cfg.Upper, s.Path)
+		if err != nil {
+			return fmt.Errorf("stage %s: %w", filepath.Join(x.cfg.Upper, s.Path), err)
+		}
+		defer up.Close()
+		upper = up.Path
+	}
 	switch s.Kind {
 	case opInstall:
 		var st unix.Stat_t
@@ -416,7 +424,7 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, 
 		}
 		s.Ino = st.Ino
 	case opMeta:
-		fd, err := unix.Open(upper, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open(upper, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0) // the upper's own object
 		if err != nil {
 			return err
 		}

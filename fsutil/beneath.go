@@ -75,8 +75,17 @@ func OpenDirBeneath(rootFd int, rel string) (int, error) {
 	return fd, nil
 }
 
-// openat2Beneath opens the clean relative path rel with openat2.
+// openat2Beneath opens the clean relative path rel with openat2. A path
+// too long for one system call (PATH_MAX, its NUL included) is opened a
+// piece at a time: each piece's directory beneath the one before, so the
+// whole stays beneath rootFd and follows no symlink. ext4 and kernel
+// overlayfs hold trees deeper than PATH_MAX; before 2026-11-28 sbxfs
+// answered ENAMETOOLONG for every object of an original below that depth
+// (TestDeepPaths).
 func openat2Beneath(rootFd int, rel string, flags int, mode uint32) (int, error) {
+	if len(rel) >= unix.PathMax {
+		return openLong(rootFd, rel, flags, mode)
+	}
 	if rel == "" {
 		rel = "."
 	}
@@ -99,6 +108,32 @@ func openat2Beneath(rootFd int, rel string, flags int, mode uint32) (int, error)
 			return -1, err
 		}
 	}
+}
+
+// openLong opens rel, at least PATH_MAX long, as openat2Beneath: the
+// longest leading piece that fits, as a directory, then the rest beneath it.
+func openLong(rootFd int, rel string, flags int, mode uint32) (int, error) {
+	dir := rootFd
+	defer func() {
+		if dir != rootFd {
+			unix.Close(dir)
+		}
+	}()
+	for len(rel) >= unix.PathMax {
+		i := strings.LastIndexByte(rel[:unix.PathMax], '/')
+		if i <= 0 {
+			return -1, unix.ENAMETOOLONG // a name longer than any filesystem takes
+		}
+		fd, err := openat2Beneath(dir, rel[:i], unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return -1, err
+		}
+		if dir != rootFd {
+			unix.Close(dir)
+		}
+		dir, rel = fd, rel[i+1:]
+	}
+	return openat2Beneath(dir, rel, flags, mode)
 }
 
 // openWalk opens the clean relative path rel one component at a time, for

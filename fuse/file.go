@@ -67,7 +67,7 @@ func (h *handle) switchToUpper() {
 	if !ok {
 		return
 	}
-	fd, err := unix.Open(h.n.fs.layers.UpperPath(rel), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := h.n.fs.layers.OpenUpperRaw(rel, unix.O_RDONLY)
 	if err != nil {
 		return
 	}

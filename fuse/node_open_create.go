@@ -113,7 +113,7 @@ func (n *node) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) sys
 		return h.h().fsync(flags)
 	}
 	if rel, ok := n.rel(); ok {
-		fd, err := unix.Open(n.fs.layers.UpperPath(rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := n.fs.layers.OpenUpperRaw(rel, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err == nil {
 			err = unix.Fsync(fd)
 			unix.Close(fd)

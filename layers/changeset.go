@@ -354,7 +354,7 @@ func (l *Layers) linkGroups(cs *ChangeSet, keys []string, dirs dirCache) {
 	types := map[[2]uint64]string{}
 	for _, p := range keys {
 		var st unix.Stat_t
-		if unix.Lstat(l.UpperPath(p), &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink < 2 || fsutil.IsWhiteout(&st) {
+		if l.upperLstat(p, &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Nlink < 2 || fsutil.IsWhiteout(&st) {
 			continue
 		}
 		k := [2]uint64{st.Dev, st.Ino}
@@ -634,7 +634,7 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		}
 		return c, true, nil
 	}
-	if ov.IsDir() && lo.st.Mode&unix.S_IFMT == unix.S_IFDIR && len(ov.Lowers) == 0 && l.inUpper(p) && !l.isOpaque(l.UpperPath(p)) {
+	if ov.IsDir() && lo.st.Mode&unix.S_IFMT == unix.S_IFDIR && len(ov.Lowers) == 0 && l.inUpper(p) && !l.upperOpaque(p) {
 		// An upper directory that is not opaque merges the original's
 		// directory in its place, yet the lookup just made found none:
 		// the original changed while it was read (a directory swapped).
@@ -771,11 +771,11 @@ func (l *Layers) isOriginalsCopy(p, o string, ov *Entry, seen uint32) bool {
 // it now): its redirect, or its parent's lower path and its name; none
 // (false) beneath an opaque directory or where p is not in the upper.
 func (l *Layers) lowerPathOf(p string) (string, bool) {
-	up := l.UpperPath(p)
-	if !l.inUpper(p) || l.isOpaque(up) {
+	if !l.inUpper(p) || l.upperOpaque(p) {
 		return "", false
 	}
-	r := l.redirectOf(up)
+	var r string
+	_ = l.UpperDo(p, func(up string) error { r = l.redirectOf(up); return nil })
 	if strings.HasPrefix(r, "/") {
 		return strings.TrimPrefix(r, "/"), true
 	}
@@ -827,17 +827,21 @@ func (l *Layers) cameFrom(e *Entry, from string) bool {
 // (touch, tar, rsync): otherwise it moves with every entry made or removed
 // in it, and the commit moves it likewise.
 func (l *Layers) compare(p string, ov *Entry, lo *lowerHit, content, times bool) (ChangeKind, error) {
-	up := l.UpperPath(p)
+	up, err := l.upperAt(p)
+	if err != nil {
+		return "", err
+	}
+	defer up.Close()
 	var ust unix.Stat_t
-	if err := unix.Lstat(up, &ust); err != nil {
+	if err := unix.Lstat(up.Path, &ust); err != nil {
 		return "", err
 	}
 	if ust.Mode&unix.S_IFMT != lo.st.Mode&unix.S_IFMT {
 		return Modified, nil
 	}
 	var kind ChangeKind
-	err := l.lowerDo(lo.origin, func(lpath string) (err error) {
-		kind, err = l.compareWith(up, &ust, lpath, lo, times, content)
+	err = l.lowerDo(lo.origin, func(lpath string) (err error) {
+		kind, err = l.compareWith(up.Path, &ust, lpath, lo, times, content)
 		return err
 	})
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
@@ -1035,7 +1039,7 @@ func TypeName(mode uint32) string {
 // replaced).
 func (l *Layers) sameUpperObject(a, b string) bool {
 	var sa, sb unix.Stat_t
-	if unix.Lstat(l.UpperPath(a), &sa) != nil || unix.Lstat(l.UpperPath(b), &sb) != nil {
+	if l.upperLstat(a, &sa) != nil || l.upperLstat(b, &sb) != nil {
 		return false
 	}
 	return sa.Ino == sb.Ino && sa.Dev == sb.Dev && !fsutil.IsWhiteout(&sa)

@@ -69,14 +69,15 @@ func (l *Layers) ensureParents(rel string) error {
 // ensureParentsStat is ensureParents that also gives the attributes of
 // rel's upper parent directory: one lstat(2) when it is there already.
 func (l *Layers) ensureParentsStat(rel string, pst *unix.Stat_t) error {
-	parent := l.UpperPath(filepath.Dir(rel))
-	if err := unix.Lstat(parent, pst); err == nil && pst.Mode&unix.S_IFMT == unix.S_IFDIR {
+	parent := filepath.Dir(rel)
+	err := l.UpperDo(parent, func(p string) error { return unix.Lstat(p, pst) })
+	if err == nil && pst.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return nil
 	}
 	if err := l.ensureParents(rel); err != nil {
 		return err
 	}
-	return unix.Stat(parent, pst)
+	return l.UpperDo(parent, func(p string) error { return unix.Stat(p, pst) })
 }
 
 // copyUpOne copies the single lower object src to rel in the upper layer.
@@ -119,36 +120,50 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 		}
 		return err
 	}
+	err = l.UpperDo(rel, func(upath string) error { return l.moveCopyIn(tmp, upath, &st) })
+	if err != nil {
+		removeTemp(tmp)
+		if errors.Is(err, errCopyRaced) {
+			return nil // a concurrent copy-up won; its copy is as good
+		}
+	}
+	return err
+}
+
+// errCopyRaced says another copy-up of the object came first.
+var errCopyRaced = errors.New("copied up already")
+
+// moveCopyIn renames the copy tmp of an object with the attributes st to
+// the upper path upath (upperAt), keeping the times of the parent.
+func (l *Layers) moveCopyIn(tmp, upath string, st *unix.Stat_t) error {
 	// A copy-up is no change of the parent: keep its times (as overlayfs).
-	parent := filepath.Dir(l.UpperPath(rel))
+	parent := filepath.Dir(upath)
 	var pst unix.Stat_t
 	if err := unix.Lstat(parent, &pst); err != nil {
-		removeTemp(tmp)
 		return err
 	}
 	moveIn := func() error {
-		return unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, l.UpperPath(rel), unix.RENAME_NOREPLACE)
+		return unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, upath, unix.RENAME_NOREPLACE)
 	}
 	dirs := []ownDir{{path: parent}}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		dirs = append(dirs, ownDir{path: tmp, after: l.UpperPath(rel)}) // its ".." changes
+		dirs = append(dirs, ownDir{path: tmp, after: upath}) // its ".." changes
 	}
-	err = l.asOwner(moveIn, dirs...)
+	err := l.asOwner(moveIn, dirs...)
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		l.dirGen.changed()
 	}
+	if errors.Is(err, unix.EEXIST) {
+		return errCopyRaced
+	}
 	if err != nil {
-		removeTemp(tmp)
-		if errors.Is(err, unix.EEXIST) {
-			return nil // a concurrent copy-up won; its copy is as good
-		}
 		return err
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		// Moving a directory to another parent rewrites its ".." entry,
 		// which moves its mtime: put the original's times back.
 		ts := []unix.Timespec{st.Atim, st.Mtim}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, l.UpperPath(rel), ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, upath, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return err
 		}
 	}
@@ -277,7 +292,11 @@ func (l *Layers) copyMeta(tmp, spath string, st *unix.Stat_t, og origin) error {
 			}
 		}
 	}
-	if err := unix.Lsetxattr(tmp, l.ns.origin, og.encode(), 0); err != nil && !permissionLike(err) {
+	ov, err := l.originValue(og)
+	if err != nil {
+		return err
+	}
+	if err := unix.Lsetxattr(tmp, l.ns.origin, ov, 0); err != nil && !permissionLike(err) {
 		return err
 	}
 	if l.root {

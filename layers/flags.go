@@ -19,8 +19,10 @@ func (l *Layers) WithFlagsFd(rel string, o Obj, fd int, f func(fd int) error) er
 	if fd >= 0 {
 		return f(fd)
 	}
-	up, lower := l.real(rel, o)
-	var err error
+	up, lower, err := l.real(rel, o)
+	if err != nil {
+		return err
+	}
 	if lower {
 		dir, name, derr := l.lowerDir(o.Lowers[0])
 		if derr != nil {
@@ -29,7 +31,8 @@ func (l *Layers) WithFlagsFd(rel string, o Obj, fd int, f func(fd int) error) er
 		fd, err = fsutil.OpenForFlags(dir.fd, name)
 		l.releaseDir(dir)
 	} else {
-		fd, err = fsutil.OpenForFlags(unix.AT_FDCWD, up)
+		fd, err = fsutil.OpenForFlags(unix.AT_FDCWD, up.Path)
+		up.Close()
 	}
 	if err != nil {
 		return err

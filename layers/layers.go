@@ -381,8 +381,36 @@ func (l *Layers) Journal() *Journal {
 // Sync makes every journal record appended so far durable.
 func (l *Layers) Sync() error { return l.Journal().Sync() }
 
-// UpperPath returns the real path of rel in the upper layer.
+// UpperPath returns the real path of rel in the upper layer. A system
+// call takes it only while it fits in PATH_MAX: act on rel through
+// UpperDo (or upperAt) instead.
 func (l *Layers) UpperPath(rel string) string { return join(l.upper, rel) }
+
+// upperAt returns a path of rel in the upper layer that every system call
+// takes, however deep rel is (fsutil.ShortPath: rel's own path while it
+// fits in PATH_MAX, else one through a descriptor of a directory on the
+// way). Close it after use. It fails as a call on rel would (ENOENT,
+// ENOTDIR) when a directory on the way is not in the upper.
+//
+// ext4 and kernel overlayfs hold trees deeper than PATH_MAX; before
+// 2026-11-28 every change beneath that depth failed with ENAMETOOLONG
+// (TestDeepPathsThroughAMount).
+func (l *Layers) upperAt(rel string) (fsutil.Short, error) { return fsutil.ShortPath(l.upper, rel) }
+
+// UpperDo calls f with upperAt's path of rel, valid during f.
+func (l *Layers) UpperDo(rel string, f func(path string) error) error {
+	return fsutil.DoShort(l.upper, rel, f)
+}
+
+// OpenUpperRaw opens rel in the upper as it is (flags gain O_NOFOLLOW and
+// O_CLOEXEC), however deep (upperAt).
+func (l *Layers) OpenUpperRaw(rel string, flags int) (fd int, err error) {
+	err = l.UpperDo(rel, func(p string) error {
+		fd, err = unix.Open(p, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		return err
+	})
+	return fd, err
+}
 
 // UpperDir is the upper layer's root.
 func (l *Layers) UpperDir() string { return l.upper }

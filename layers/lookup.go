@@ -34,14 +34,19 @@ func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
 	gen, trusted := l.dirGen.now()
 	err := error(unix.ENOENT)
 	if !trusted || !dir.absentIn(gen) {
-		upath := l.UpperPath(Join(dirRel, name))
-		err = unix.Lstat(upath, &e.Stat)
+		var up fsutil.Short
+		up, err = l.upperAt(Join(dirRel, name))
+		if err == nil {
+			err = unix.Lstat(up.Path, &e.Stat)
+		}
 		switch {
 		case err == nil && fsutil.IsWhiteout(&e.Stat):
+			up.Close()
 			return Entry{}, unix.ENOENT
 		case err == nil:
 			e.Upper = true
-			settled, redirect := l.upperAttrs(upath, &e)
+			settled, redirect := l.upperAttrs(up.Path, &e)
+			up.Close()
 			if settled || !e.IsDir() {
 				return e, nil
 			}
@@ -51,7 +56,9 @@ func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
 				name = redirect
 			}
 		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+			up.Close()
 		default:
+			up.Close()
 			return Entry{}, err
 		}
 	}
@@ -294,24 +301,38 @@ func (l *Layers) lowerHas(lowers []Origin, name string) (bool, error) {
 }
 
 // real says where the current state of the object at rel is: its upper
-// path, or (lower) its original, o.Lowers[0], read through lowerfs.go.
-func (l *Layers) real(rel string, o Obj) (up string, lower bool) {
-	up = l.UpperPath(rel)
-	if o.Upper || len(o.Lowers) == 0 {
-		return up, false
+// copy, whose path (upperAt) the caller closes, or (lower) its original,
+// o.Lowers[0], read through lowerfs.go.
+func (l *Layers) real(rel string, o Obj) (up fsutil.Short, lower bool, err error) {
+	onlyLower := !o.Upper && len(o.Lowers) > 0
+	up, err = l.upperAt(rel)
+	if err != nil {
+		if onlyLower { // not in the upper, as a failed lstat says below
+			return fsutil.Short{}, true, nil
+		}
+		return fsutil.Short{}, false, err
+	}
+	if !onlyLower {
+		return up, false, nil
 	}
 	var st unix.Stat_t
-	if unix.Lstat(up, &st) == nil && !fsutil.IsWhiteout(&st) {
-		return up, false
+	if unix.Lstat(up.Path, &st) == nil && !fsutil.IsWhiteout(&st) {
+		return up, false, nil
 	}
-	return up, true
+	up.Close()
+	return fsutil.Short{}, true, nil
 }
 
 // realDo calls f with a path of the current state of the object at rel
 // (lowerDo for an original's); f must not follow the last component.
 func (l *Layers) realDo(rel string, o Obj, f func(path string) error) error {
-	if up, lower := l.real(rel, o); !lower {
-		return f(up)
+	up, lower, err := l.real(rel, o)
+	if err != nil {
+		return err
+	}
+	if !lower {
+		defer up.Close()
+		return f(up.Path)
 	}
 	return l.lowerDo(o.Lowers[0], f)
 }
@@ -324,7 +345,7 @@ func (l *Layers) realDo(rel string, o Obj, f func(path string) error) error {
 // kernel sends after every create or unlink in it, made three).
 func (l *Layers) Stat(rel string, o Obj) (unix.Stat_t, error) {
 	var st unix.Stat_t
-	err := unix.Lstat(l.UpperPath(rel), &st)
+	err := l.upperLstat(rel, &st)
 	if !o.Upper && len(o.Lowers) > 0 && (err != nil || fsutil.IsWhiteout(&st)) {
 		// Not in the upper (as real decides): the original's.
 		st = unix.Stat_t{}
@@ -338,17 +359,32 @@ func (l *Layers) Stat(rel string, o Obj) (unix.Stat_t, error) {
 
 func (l *Layers) inUpper(rel string) bool {
 	var st unix.Stat_t
-	return unix.Lstat(l.UpperPath(rel), &st) == nil && !fsutil.IsWhiteout(&st)
+	return l.upperLstat(rel, &st) == nil && !fsutil.IsWhiteout(&st)
+}
+
+// upperLstat is lstat of rel in the upper (upperAt).
+func (l *Layers) upperLstat(rel string, st *unix.Stat_t) error {
+	return l.UpperDo(rel, func(p string) error { return unix.Lstat(p, st) })
+}
+
+// upperOpaque reports whether the upper directory at rel is opaque.
+func (l *Layers) upperOpaque(rel string) (opaque bool) {
+	_ = l.UpperDo(rel, func(p string) error { opaque = l.isOpaque(p); return nil })
+	return opaque
 }
 
 // Readlink returns the target of the symlink at rel.
 func (l *Layers) Readlink(rel string, o Obj) (string, error) {
-	up, lower := l.real(rel, o)
+	up, lower, err := l.real(rel, o)
+	if err != nil {
+		return "", err
+	}
 	if lower {
 		return l.lowerReadlink(o.Lowers[0])
 	}
+	defer up.Close()
 	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlink(up, buf)
+	n, err := unix.Readlink(up.Path, buf)
 	if err != nil {
 		return "", err
 	}

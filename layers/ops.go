@@ -36,7 +36,11 @@ func (l *Layers) Open(rel string, o *Obj, flags int, c Caller) (int, bool, error
 		return fd, false, err
 	}
 	o.Upper = true
-	fd, err := openUpper(l.UpperPath(rel), flags)
+	var fd int
+	err := l.UpperDo(rel, func(p string) (err error) {
+		fd, err = openUpper(p, flags)
+		return err
+	})
 	if err != nil {
 		return -1, false, err
 	}
@@ -133,15 +137,25 @@ func (l *Layers) Link(srcRel string, src *Obj, dirRel string, dir Obj, name stri
 	if err := l.ensureParents(rel); err != nil {
 		return Entry{}, err
 	}
-	if err := l.place(rel, false, func(p string) error { return unix.Link(l.UpperPath(srcRel), p) }); err != nil {
+	link := func(p string) error {
+		return l.UpperDo(srcRel, func(src string) error { return unix.Link(src, p) })
+	}
+	if err := l.place(rel, false, link); err != nil {
 		return Entry{}, err
 	}
 	e := Entry{Obj: Obj{Upper: true, Lowers: src.Lowers}}
-	if err := unix.Lstat(l.UpperPath(rel), &e.Stat); err != nil {
-		return Entry{}, err
-	}
-	l.upperAttrs(l.UpperPath(rel), &e)
-	return e, nil
+	return e, l.upperEntry(rel, &e)
+}
+
+// upperEntry fills e with the attributes of the upper object at rel.
+func (l *Layers) upperEntry(rel string, e *Entry) error {
+	return l.UpperDo(rel, func(p string) error {
+		if err := unix.Lstat(p, &e.Stat); err != nil {
+			return err
+		}
+		l.upperAttrs(p, e)
+		return nil
+	})
 }
 
 // newObject records op, makes the object with mk (directly, or aside and
@@ -158,9 +172,10 @@ func (l *Layers) newObject(rel string, op Op, path2 string, mode uint32, c Calle
 	if err := l.place(rel, isDir, mk); err != nil {
 		return Entry{}, err
 	}
-	upath := l.UpperPath(rel)
 	e := Entry{Obj: Obj{Upper: true}}
-	if err := l.settle(upath, &pst, mode, isDir, c, &e.Stat); err != nil {
+	if err := l.UpperDo(rel, func(upath string) error {
+		return l.settle(upath, &pst, mode, isDir, c, &e.Stat)
+	}); err != nil {
 		return Entry{}, err
 	}
 	e.Stat.Ino = l.stableIno(e.Stat.Dev, e.Stat.Ino)
@@ -221,7 +236,11 @@ func (l *Layers) place(rel string, isDir bool, mk func(string) error) error {
 	if isDir {
 		defer l.dirGen.changed()
 	}
-	upath := l.UpperPath(rel)
+	return l.UpperDo(rel, func(upath string) error { return l.placeAt(upath, isDir, mk) })
+}
+
+// placeAt is place at the upper path upath (upperAt).
+func (l *Layers) placeAt(upath string, isDir bool, mk func(string) error) error {
 	err := mk(upath)
 	if !errors.Is(err, unix.EEXIST) {
 		return err
@@ -314,7 +333,6 @@ func (l *Layers) remove(rel string, dir Obj, name string) error {
 			return err
 		}
 	}
-	upath := l.UpperPath(rel)
 	if !l.inUpper(rel) {
 		if !need {
 			return unix.ENOENT
@@ -322,8 +340,14 @@ func (l *Layers) remove(rel string, dir Obj, name string) error {
 		if err := l.ensureParents(rel); err != nil {
 			return err
 		}
-		return mkWhiteout(upath)
+		return l.UpperDo(rel, mkWhiteout)
 	}
+	return l.UpperDo(rel, func(upath string) error { return l.removeUpper(upath, need) })
+}
+
+// removeUpper takes the upper object at upath (upperAt) away, leaving a
+// whiteout when need says a lower object would show through.
+func (l *Layers) removeUpper(upath string, need bool) error {
 	if !need {
 		err := unix.Unlink(upath)
 		if errors.Is(err, unix.EISDIR) {

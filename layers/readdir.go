@@ -20,8 +20,12 @@ type DirEntry struct {
 // entries not hidden by an upper entry, a whiteout or an opaque directory.
 // The order is stable for an unchanged directory.
 func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
-	upath := l.UpperPath(rel)
-	up, err := readDirents(upath)
+	upath, err := l.upperAt(rel)
+	defer upath.Close()
+	var up []dirent
+	if err == nil {
+		up, err = readDirents(upath.Path)
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
@@ -31,7 +35,7 @@ func (l *Layers) ReadDir(rel string, o Obj) ([]DirEntry, error) {
 	default:
 		return nil, err
 	}
-	return l.mergeDir(upath, up, o.Lowers)
+	return l.mergeDir(upath.Path, up, o.Lowers)
 }
 
 // mergeDir lists the entries of the upper directory upath (up), then those

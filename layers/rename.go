@@ -33,6 +33,9 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 	if err := mayRename(&od, &nd, &se, &te, exists, flags); err != nil {
 		return err
 	}
+	if tooLongToRedirect(&se) || (flags&unix.RENAME_EXCHANGE != 0 && tooLongToRedirect(&te)) {
+		return unix.EXDEV
+	}
 	if exists && flags&unix.RENAME_EXCHANGE == 0 && !l.inUpper(newRel) && len(te.Lowers) > 0 {
 		// An original object replaced: a commit checks it is still the
 		// one the sandbox saw.
@@ -57,7 +60,7 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 		if err := l.prepareMove(newRel, &te); err != nil {
 			return err
 		}
-		if err := unix.Renameat2(unix.AT_FDCWD, l.UpperPath(oldRel), unix.AT_FDCWD, l.UpperPath(newRel), unix.RENAME_EXCHANGE); err != nil {
+		if err := l.upperRename(oldRel, newRel, unix.RENAME_EXCHANGE); err != nil {
 			return err
 		}
 		src.Upper = true
@@ -79,11 +82,25 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 	if need {
 		rflags = unix.RENAME_WHITEOUT
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, l.UpperPath(oldRel), unix.AT_FDCWD, l.UpperPath(newRel), rflags); err != nil {
+	if err := l.upperRename(oldRel, newRel, rflags); err != nil {
 		return err
 	}
 	src.Upper = true
 	return nil
+}
+
+// redirectMax bounds the redirect a renamed directory gets ("/" and the
+// path of its original directory): all of an inode's attributes share one
+// block on ext4. Kernel overlayfs has the same answer with a smaller bound
+// (its redirect_max, 256 by default): a directory of the original whose
+// path is longer is not renamed but refused with EXDEV, and mv(1) copies
+// it and removes the old one instead.
+const redirectMax = 2048
+
+// tooLongToRedirect reports whether the directory e, which a rename would
+// give a redirect, has a path in the original longer than redirectMax.
+func tooLongToRedirect(e *Entry) bool {
+	return e.IsDir() && len(e.Lowers) > 0 && 1+len(e.Lowers[0].Path) > redirectMax
 }
 
 // checkRename applies the rules a plain filesystem enforces, against the
@@ -133,14 +150,15 @@ func (l *Layers) prepareMove(rel string, e *Entry) error {
 			return err
 		}
 	}
-	upath := l.UpperPath(rel)
-	if len(e.Lowers) == 0 {
-		if l.isOpaque(upath) {
-			return nil
+	return l.UpperDo(rel, func(upath string) error {
+		if len(e.Lowers) == 0 {
+			if l.isOpaque(upath) {
+				return nil
+			}
+			return unix.Lsetxattr(upath, l.ns.opaque, []byte("y"), 0)
 		}
-		return unix.Lsetxattr(upath, l.ns.opaque, []byte("y"), 0)
-	}
-	return unix.Lsetxattr(upath, l.ns.redirect, []byte("/"+e.Lowers[0].Path), 0)
+		return unix.Lsetxattr(upath, l.ns.redirect, []byte("/"+e.Lowers[0].Path), 0)
+	})
 }
 
 // clearTarget makes the upper name of an existing rename target replaceable:
@@ -148,12 +166,17 @@ func (l *Layers) prepareMove(rel string, e *Entry) error {
 // directory that hid lower entries is emptied of its whiteouts after being
 // marked opaque, so nothing reappears if we stop half-way.
 func (l *Layers) clearTarget(rel string, te *Entry) error {
-	upath := l.UpperPath(rel)
+	err := l.UpperDo(rel, func(upath string) error { return l.clearTargetAt(upath, te) })
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	return err
+}
+
+// clearTargetAt is clearTarget at the upper path upath (upperAt).
+func (l *Layers) clearTargetAt(upath string, te *Entry) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(upath, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
 		return err
 	}
 	if fsutil.IsWhiteout(&st) {
@@ -179,19 +202,28 @@ func (l *Layers) clearTarget(rel string, te *Entry) error {
 
 func (l *Layers) isWhiteout(rel string) bool {
 	var st unix.Stat_t
-	return unix.Lstat(l.UpperPath(rel), &st) == nil && fsutil.IsWhiteout(&st)
+	return l.upperLstat(rel, &st) == nil && fsutil.IsWhiteout(&st)
 }
 
 // moveDirOverWhiteout moves a directory to a name whose lower entry was
 // deleted: one exchange puts the directory there and the whiteout at the
 // old name, where it stays if a lower entry needs hiding.
 func (l *Layers) moveDirOverWhiteout(oldRel, newRel string, need bool, src *Obj) error {
-	if err := unix.Renameat2(unix.AT_FDCWD, l.UpperPath(oldRel), unix.AT_FDCWD, l.UpperPath(newRel), unix.RENAME_EXCHANGE); err != nil {
+	if err := l.upperRename(oldRel, newRel, unix.RENAME_EXCHANGE); err != nil {
 		return err
 	}
 	src.Upper = true
 	if need {
 		return nil
 	}
-	return unix.Unlink(l.UpperPath(oldRel))
+	return l.UpperDo(oldRel, unix.Unlink)
+}
+
+// upperRename is renameat2 of oldRel to newRel in the upper (upperAt).
+func (l *Layers) upperRename(oldRel, newRel string, flags uint) error {
+	return l.UpperDo(oldRel, func(oldPath string) error {
+		return l.UpperDo(newRel, func(newPath string) error {
+			return unix.Renameat2(unix.AT_FDCWD, oldPath, unix.AT_FDCWD, newPath, flags)
+		})
+	})
 }

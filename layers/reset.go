@@ -25,6 +25,9 @@ func (l *Layers) Reset() error {
 			return fmt.Errorf("empty the upper: %w", err)
 		}
 	}
+	if err := os.RemoveAll(filepath.Join(l.work, originsDir)); err != nil {
+		return fmt.Errorf("empty the upper: %w", err)
+	}
 	st, err := l.matchRoot()
 	if err != nil {
 		return fmt.Errorf("reset the root: %w", err)

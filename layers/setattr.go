@@ -67,11 +67,13 @@ func (l *Layers) Setattr(rel string, o *Obj, fd int, a SetAttr, c Caller) (unix.
 			return st, err
 		}
 	}
-	target := l.UpperPath(rel)
+	var err error
 	if fd >= 0 {
-		target = fmt.Sprintf("/proc/self/fd/%d", fd)
+		err = applyAttr(fmt.Sprintf("/proc/self/fd/%d", fd), fd, a)
+	} else {
+		err = l.UpperDo(rel, func(p string) error { return applyAttr(p, fd, a) })
 	}
-	if err := applyAttr(target, fd, a); err != nil {
+	if err != nil {
 		return st, err
 	}
 	return l.statFd(rel, *o, fd)

@@ -87,11 +87,7 @@ func (l *Layers) LinkFd(fd int, dirRel string, dir Obj, name string, c Caller) (
 		return Entry{}, err
 	}
 	e := Entry{Obj: Obj{Upper: true}}
-	if err := unix.Lstat(l.UpperPath(rel), &e.Stat); err != nil {
-		return Entry{}, err
-	}
-	l.upperAttrs(l.UpperPath(rel), &e)
-	return e, nil
+	return e, l.upperEntry(rel, &e)
 }
 
 // CopyOrphan copies an original file that was deleted in the sandbox while

@@ -1,8 +1,13 @@
 package layers
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -91,6 +96,12 @@ func (l *Layers) readOrigin(path string) (origin, bool) {
 	if err != nil {
 		return origin{}, false
 	}
+	if bytes.HasPrefix(v, []byte(storedOriginTag)) {
+		v, err = l.loadOrigin(v)
+		if err != nil {
+			return origin{}, false
+		}
+	}
 	o, err := decodeOrigin(v)
 	if err != nil || o.layer >= len(l.lowers) {
 		return origin{}, false
@@ -99,10 +110,67 @@ func (l *Layers) readOrigin(path string) (origin, bool) {
 }
 
 func (l *Layers) setOrigin(fd int, o origin) error {
-	if err := unix.Fsetxattr(fd, l.ns.origin, o.encode(), 0); err != nil {
+	v, err := l.originValue(o)
+	if err == nil {
+		err = unix.Fsetxattr(fd, l.ns.origin, v, 0)
+	}
+	if err != nil {
 		return fmt.Errorf("set origin: %w", err)
 	}
 	return nil
+}
+
+// originInline bounds the lower path an origin attribute holds itself.
+// ext4 keeps all the attributes of an inode in one block (4 KiB): a path
+// deeper than that would not fit (ENOSPC), and the user's own attributes
+// share the block. A longer path is kept in the work directory
+// (originsDir), in a file named by its SHA-256, and the attribute names
+// the file: "v1s INO LAYER SHA256".
+const originInline = 1024
+
+// storedOriginTag starts an origin attribute whose path is kept aside.
+const storedOriginTag = "v1s "
+
+// originsDir is where long origin paths are kept, in the work directory.
+const originsDir = "origins"
+
+// originValue returns the origin attribute for o, keeping a long path
+// aside first (durably: the copy it belongs to is made durable before it
+// is renamed into place).
+func (l *Layers) originValue(o origin) ([]byte, error) {
+	if len(o.path) <= originInline {
+		return o.encode(), nil
+	}
+	sum := sha256.Sum256([]byte(o.path))
+	name := hex.EncodeToString(sum[:])
+	dir := filepath.Join(l.work, originsDir)
+	p := filepath.Join(dir, name)
+	if _, err := os.Lstat(p); err != nil {
+		if err := os.Mkdir(dir, 0o700); err == nil {
+			if err := fsutil.SyncDir(l.work); err != nil {
+				return nil, err
+			}
+		} else if !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		if err := fsutil.WriteFileAtomic(p, []byte(o.path), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return fmt.Appendf(nil, "%s%d %d %s", storedOriginTag, o.ino, o.layer, name), nil
+}
+
+// loadOrigin turns a stored origin attribute v back into the inline form.
+func (l *Layers) loadOrigin(v []byte) ([]byte, error) {
+	parts := strings.SplitN(string(v), " ", 4)
+	if len(parts) != 4 || len(parts[3]) != 2*sha256.Size || strings.Trim(parts[3], "0123456789abcdef") != "" {
+		return nil, errors.New("bad origin attribute")
+	}
+	path, err := os.ReadFile(filepath.Join(l.work, originsDir, parts[3]))
+	if err != nil {
+		return nil, err
+	}
+	return fmt.Appendf(nil, "v1 %s %s %s", parts[1], parts[2], path), nil
 }
 
 // Getxattr reads a user-visible attribute of the object at rel.
@@ -110,18 +178,27 @@ func (l *Layers) Getxattr(rel string, o Obj, name string, dest []byte) (int, err
 	if l.Private(name) {
 		return 0, unix.ENODATA
 	}
-	if up, lower := l.real(rel, o); !lower {
-		return unix.Lgetxattr(up, name, dest)
+	up, lower, err := l.real(rel, o)
+	switch {
+	case err != nil:
+		return 0, err
+	case lower:
+		return l.lowerGetxattr(o.Lowers[0], name, dest)
 	}
-	return l.lowerGetxattr(o.Lowers[0], name, dest)
+	defer up.Close()
+	return unix.Lgetxattr(up.Path, name, dest)
 }
 
 // Listxattr lists the user-visible attribute names of the object at rel.
 func (l *Layers) Listxattr(rel string, o Obj) ([]string, error) {
+	up, lower, err := l.real(rel, o)
+	if err != nil {
+		return nil, err
+	}
 	var names []string
-	var err error
-	if up, lower := l.real(rel, o); !lower {
-		names, err = fsutil.LListXattrs(up)
+	if !lower {
+		names, err = fsutil.LListXattrs(up.Path)
+		up.Close()
 	} else {
 		names, err = l.lowerListxattrs(o.Lowers[0])
 	}
@@ -163,7 +240,7 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 	if err := l.CopyUp(rel, o); err != nil {
 		return err
 	}
-	return unix.Lsetxattr(l.UpperPath(rel), name, value, flags)
+	return l.UpperDo(rel, func(p string) error { return unix.Lsetxattr(p, name, value, flags) })
 }
 
 // Removexattr removes an attribute, copying the object up first.
@@ -184,7 +261,7 @@ func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
 	if err := l.CopyUp(rel, o); err != nil {
 		return err
 	}
-	return unix.Lremovexattr(l.UpperPath(rel), name)
+	return l.UpperDo(rel, func(p string) error { return unix.Lremovexattr(p, name) })
 }
 
 // The Fd variants act on an open upper descriptor: they reach a file that

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,14 +82,16 @@ func fileTypeName(m uint32) string {
 }
 
 // walkTree records every object under root (root itself is "").
+//
+// It reaches each object through its directory's descriptor
+// (/proc/self/fd/N/NAME), so trees deeper than PATH_MAX walk too.
 func walkTree(root string, o walkOpts) (map[string]nodeInfo, error) {
 	out := map[string]nodeInfo{}
-	var walk func(rel string) error
-	walk = func(rel string) error {
-		p := filepath.Join(root, rel)
+	var walk func(rel, p string) error
+	walk = func(rel, p string) error {
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
-			return fmt.Errorf("lstat %s: %w", p, err)
+			return fmt.Errorf("lstat %s: %w", filepath.Join(root, rel), err)
 		}
 		n := nodeInfo{Type: st.Mode & unix.S_IFMT, Perm: st.Mode & 0o7777}
 		if o.owner {
@@ -129,20 +132,21 @@ func walkTree(root string, o walkOpts) (map[string]nodeInfo, error) {
 		case unix.S_IFCHR, unix.S_IFBLK:
 			n.Rdev = st.Rdev
 		case unix.S_IFDIR:
-			f, err := os.Open(p)
+			f, err := os.OpenFile(p, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 			if err != nil {
 				return err
 			}
+			defer f.Close()
 			names, err := f.Readdirnames(-1)
-			f.Close()
 			if err != nil {
-				return fmt.Errorf("readdir %s: %w", p, err)
+				return fmt.Errorf("readdir %s: %w", filepath.Join(root, rel), err)
 			}
 			slices.Sort(names)
 			n.Entries = names
 			out[rel] = n
+			dir := "/proc/self/fd/" + strconv.Itoa(int(f.Fd())) + "/"
 			for _, name := range names {
-				if err := walk(filepath.Join(rel, name)); err != nil {
+				if err := walk(filepath.Join(rel, name), dir+name); err != nil {
 					return err
 				}
 			}
@@ -151,7 +155,7 @@ func walkTree(root string, o walkOpts) (map[string]nodeInfo, error) {
 		out[rel] = n
 		return nil
 	}
-	return out, walk("")
+	return out, walk("", root)
 }
 
 func mustWalk(t testing.TB, root string, o walkOpts) map[string]nodeInfo {
