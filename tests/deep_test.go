@@ -130,6 +130,9 @@ func TestDeepPathsThroughAMount(t *testing.T) {
 	status, err := exec.Command(cliBin, "status", sb.mnt).CombinedOutput()
 	require.NoError(t, err, "sbxfs status: %s", status)
 	assert.Contains(t, string(status), "changes")
+	diff, err := exec.Command(cliBin, "diff", sb.mnt).CombinedOutput()
+	require.NoError(t, err, "sbxfs diff: %.2000s", diff)
+	assert.Contains(t, string(diff), "\n deep\n+more\n", "sbxfs diff shows the deep append")
 	rtCommitOpts(t, sb, "deep", o)
 	if d := diffTrees(want, mustWalk(t, orig, o), 10); len(d) > 0 {
 		t.Fatalf("the committed original differs from ext4 after the same changes:\n%s", strings.Join(d, "\n"))

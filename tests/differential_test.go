@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil/fsutiltest"
 )
 
 // The differential tests apply one random sequence of operations to a
@@ -37,6 +39,8 @@ var flagDiffAvoid = flag.String("diff.avoid", "", "comma-separated known bugs th
 	"noopchown (chown(-1, -1): kernel overlayfs copies the object up, sbxfs does not)")
 
 var flagDiffNoPassthrough = flag.Bool("diff.nopassthrough", false, "mount the differential tests' sandbox without FUSE passthrough")
+
+var flagDiffLongUpper = flag.Bool("diff.longupper", false, "keep the differential tests' sandbox state ~3,900 bytes deep, so that most upper paths pass PATH_MAX")
 
 var flagDiffRef = flag.String("diff.ref", "plain", "what the differential tests compare the mount with: plain (a copy of the original, "+
 	"made to part hard links as overlayfs does) or overlay (a kernel overlayfs mount over a copy, redirect_dir=on, index=off)")
@@ -365,6 +369,37 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) {
 	}
 }
 
+// diffLongUpper is -diff.longupper for TestDifferentialLongUpper's run.
+var diffLongUpper bool
+
+// longStateDir makes a directory whose path is ~3,900 bytes long: a
+// sandbox whose state is there has its upper and work directories just
+// below PATH_MAX, so the server reaches nearly every upper object through
+// a descriptor of a directory on the way (fsutil.ShortPath).
+func longStateDir(t testing.TB) string {
+	base := t.TempDir()
+	d := filepath.Join(base, fsutiltest.DeepRel("u", (3900-len(base))/201))
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestDifferentialLongUpper is one of TestDifferentialCommit's histories
+// (hard links in the original, the churn operations) with the sandbox's
+// upper at ~3,900 bytes of path: every upper access of the server and the
+// commit goes through the long-path form (fsutil.ShortPath) and must give
+// what the short form gives.
+func TestDifferentialLongUpper(t *testing.T) {
+	if cliBin == "" {
+		t.Skipf("needs the sbxfs CLI: %s", cliErr)
+	}
+	diffLongUpper = true
+	defer func() { diffLongUpper = false }()
+	c := diffCommitSeeds[len(diffCommitSeeds)-2] // links, churn
+	diffCommit(t, c.seed, int(c.ops), c.links, c.opset)
+}
+
 // TestDifferentialRemount remounts the sandbox in the middle of the run:
 // the tree and the inode number of every object must survive.
 func TestDifferentialRemount(t *testing.T) {
@@ -499,6 +534,9 @@ func newDiffRunGuard(t *testing.T, seed int64, guard, links bool, opSet int) *di
 	var opts []mountOption
 	if *flagDiffNoPassthrough {
 		opts = append(opts, withNoPassthrough())
+	}
+	if *flagDiffLongUpper || diffLongUpper {
+		opts = append(opts, withStateIn(longStateDir(t)))
 	}
 	sb := mountSandbox(t, orig, opts...)
 	r := &diffRun{t: t, seed: seed, rng: rng, ref: ref, sb: sb, groupIno: map[uint64]bool{}, ops: diffOpsOf(opSet)}
