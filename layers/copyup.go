@@ -21,6 +21,17 @@ func (l *Layers) CopyUp(rel string, o *Obj) error {
 }
 
 func (l *Layers) copyUp(rel string, o *Obj, data bool) error {
+	return l.copyUpAs(rel, o, data, false)
+}
+
+// copyUpForMeta is CopyUp for a change of the object's attributes alone,
+// which a commit makes in place: a file of the original in an immutable
+// or append-only directory may be copied up for it (protect.go).
+func (l *Layers) copyUpForMeta(rel string, o *Obj) error {
+	return l.copyUpAs(rel, o, true, true)
+}
+
+func (l *Layers) copyUpAs(rel string, o *Obj, data, meta bool) error {
 	if o.Upper {
 		return nil
 	}
@@ -34,7 +45,7 @@ func (l *Layers) copyUp(rel string, o *Obj, data bool) error {
 	if err := l.ensureParents(rel); err != nil {
 		return err
 	}
-	if err := l.copyUpOne(rel, o.Lowers[0], data); err != nil {
+	if err := l.copyUpOne(rel, o.Lowers[0], data, meta); err != nil {
 		return fmt.Errorf("copy up %q: %w", rel, err)
 	}
 	o.Upper = true
@@ -57,7 +68,7 @@ func (l *Layers) ensureParents(rel string) error {
 			if len(lowers) == 0 {
 				return fmt.Errorf("copy up parent %q: %w", next, unix.ENOENT)
 			}
-			if err := l.copyUpOne(next, lowers[0], false); err != nil {
+			if err := l.copyUpOne(next, lowers[0], false, false); err != nil {
 				return fmt.Errorf("copy up parent %q: %w", next, err)
 			}
 		}
@@ -80,8 +91,9 @@ func (l *Layers) ensureParentsStat(rel string, pst *unix.Stat_t) error {
 	return l.UpperDo(parent, func(p string) error { return unix.Stat(p, pst) })
 }
 
-// copyUpOne copies the single lower object src to rel in the upper layer.
-func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
+// copyUpOne copies the single lower object src to rel in the upper layer;
+// meta says the copy is for a change of attributes alone (copyUpForMeta).
+func (l *Layers) copyUpOne(rel string, src Origin, data, meta bool) error {
 	var st unix.Stat_t
 	tmp := filepath.Join(l.work, fsutil.TempName(".copyup-"))
 	made := false
@@ -91,7 +103,7 @@ func (l *Layers) copyUpOne(rel string, src Origin, data bool) error {
 			return err
 		}
 		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
-		if !isDir && (prot != 0 || l.lowerParentProt(src) != 0) {
+		if !isDir && (prot != 0 || (!meta && l.lowerParentProt(src) != 0)) {
 			return unix.EPERM // protect.go
 		}
 		if l.Journal() != nil {

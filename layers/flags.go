@@ -77,7 +77,7 @@ func (l *Layers) SetFlags(rel string, o *Obj, fd int, flags uint32, c Caller) er
 		return err
 	}
 	if fd < 0 {
-		if err := l.copyUp(rel, o, true); err != nil {
+		if err := l.copyUpForMeta(rel, o); err != nil {
 			return err
 		}
 	}

@@ -30,6 +30,14 @@ func (l *Layers) Root() (Entry, error) {
 // Lookup finds name in the directory dirRel whose lower directories are
 // dir.Lowers. It answers ENOENT for a missing or whited-out name.
 func (l *Layers) Lookup(dirRel string, dir Obj, name string) (Entry, error) {
+	e, err := l.lookup(dirRel, dir, name)
+	if err == nil {
+		markInProtected(&e, &dir)
+	}
+	return e, err
+}
+
+func (l *Layers) lookup(dirRel string, dir Obj, name string) (Entry, error) {
 	var e Entry
 	gen, trusted := l.dirGen.now()
 	err := error(unix.ENOENT)

@@ -17,7 +17,7 @@ import (
 func (l *Layers) Open(rel string, o *Obj, flags int, c Caller) (int, bool, error) {
 	write := flags&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0
 	if write {
-		if err := o.mayChange(); err != nil {
+		if err := o.mayWrite(); err != nil {
 			return -1, false, err
 		}
 		op := OpWrite
@@ -122,7 +122,7 @@ func (l *Layers) Symlink(dirRel string, dir Obj, name, target string, c Caller) 
 // up first (links are made between upper copies).
 func (l *Layers) Link(srcRel string, src *Obj, dirRel string, dir Obj, name string, c Caller) (Entry, error) {
 	rel := Join(dirRel, name)
-	if err := src.mayChange(); err != nil {
+	if err := src.mayWrite(); err != nil {
 		return Entry{}, err
 	}
 	if err := dir.mayAdd(); err != nil {

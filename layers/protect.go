@@ -15,24 +15,57 @@ import (
 // added (immutable) or removed (both). Entries may still be added to an
 // append-only directory: the commit can. An append to an append-only
 // file is refused too, where ext4 allows it (the commit could not
-// replace the file), and so is any change of a file in a protected
-// directory (the commit puts a changed file in place by a rename there,
-// which the directory's flag forbids; a chmod, which the commit could
-// make in place, is refused with it: a file in such a directory is never
-// copied up).
+// replace the file), and so is a change of the content of a file in a
+// protected directory (the commit puts a changed file in place by a
+// rename there, which the directory's flag forbids). A change of such a
+// file's attributes alone (chmod, chown, times, extended attributes,
+// flags) is made, as on ext4: the commit makes it in place
+// (copyUpForMeta); its copy stays marked (inProtected) so that its
+// content still cannot change.
 //
 // The protection is learnt from statx at lookup (Obj.prot). A directory
 // copied up as the parent of a change deeper down keeps it in an
 // attribute of its copy (protattr, kernel overlayfs's name and letters),
 // which lookups of the copy read back. A file is never copied up while
-// its original is protected (copyUpOne checks again).
+// its original is protected, nor for a change of content while its
+// original directory is (copyUpOne checks again).
 
-// mayChange refuses a change of the object itself.
+// inProtected marks (in Obj.prot) a file of the original that is in an
+// immutable or append-only directory of the original: its attributes may
+// change, its content may not.
+const inProtected fsutil.Protection = 1 << 7
+
+// mayChange refuses a change of the object itself (its attributes).
 func (o *Obj) mayChange() error {
+	if o.prot&^inProtected != 0 {
+		return unix.EPERM
+	}
+	return nil
+}
+
+// mayWrite refuses a change of the object's content, or one the commit
+// makes by putting a new copy in its place (a hard link to it).
+func (o *Obj) mayWrite() error {
 	if o.prot != 0 {
 		return unix.EPERM
 	}
 	return nil
+}
+
+// markInProtected sets inProtected on e, found in the directory dir, when
+// e is a file of the original that is in dir's protected original
+// directory: its origin is one of dir's lower directories' entries.
+func markInProtected(e *Entry, dir *Obj) {
+	if dir.prot == 0 || e.IsDir() || len(e.Lowers) == 0 {
+		return
+	}
+	parent, _ := Split(e.Lowers[0].Path)
+	for _, d := range dir.Lowers {
+		if d.Layer == e.Lowers[0].Layer && d.Path == parent {
+			e.prot |= inProtected
+			return
+		}
+	}
 }
 
 // mayAdd refuses a new entry in the directory.

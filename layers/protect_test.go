@@ -45,9 +45,11 @@ func protect(t *testing.T, p string, f uint32) {
 // flag of an original object forbids, the sandbox refuses with EPERM
 // before it changes anything (a commit could not apply it): changes of
 // the object, its removal and renaming, a link to it; entries added to
-// an immutable directory, removed from either kind, and any change of a
-// file in one. What the commit can apply stays allowed: a new entry in
-// an append-only directory, a change beneath a protected directory's
+// an immutable directory, removed from either kind, and a change of the
+// content of a file in one. What the commit can apply stays allowed: a
+// new entry in an append-only directory, a change of the attributes of a
+// file in a protected directory (its content stays unchangeable after
+// it, also for a new lookup), a change beneath a protected directory's
 // subdirectory (which copies the protected directory up as a parent: the
 // copy keeps the protection, also for a later lookup of it).
 func TestProtectedOriginalsRefuseChanges(t *testing.T) {
@@ -75,8 +77,30 @@ func TestProtectedOriginalsRefuseChanges(t *testing.T) {
 		mode := uint32(0o600)
 		o := e.Obj
 		_, err = s.Setattr(p, &o, -1, SetAttr{Mode: &mode}, s.c)
-		eperm(p+": chmod", err)
-		eperm(p+": setxattr", s.Setxattr(p, &o, "user.x", []byte("v"), 0, s.c))
+		setx := s.Setxattr(p, &o, "user.x", []byte("v"), 0, s.c)
+		if p == "i" || p == "a" {
+			eperm(p+": chmod", err)
+			eperm(p+": setxattr", setx)
+		} else {
+			// A file in a protected directory: its attributes change
+			// (the commit sets them in place), its content still not.
+			require.NoError(t, err, p+": chmod")
+			require.NoError(t, setx, p+": setxattr")
+			again, err := s.lookup(p)
+			require.NoError(t, err)
+			for _, obj := range []Obj{o, again.Obj} {
+				_, _, err := s.Open(p, &obj, unix.O_WRONLY, s.c)
+				eperm(p+": open for writing after a chmod", err)
+				size := uint64(0)
+				_, err = s.Setattr(p, &obj, -1, SetAttr{Size: &size}, s.c)
+				eperm(p+": truncate after a chmod", err)
+				_, err = s.Link(p, &obj, "", root, "link", s.c)
+				eperm(p+": link after a chmod", err)
+			}
+			st, err := s.Stat(p, again.Obj)
+			require.NoError(t, err)
+			assert.EqualValues(t, 0o600, st.Mode&0o7777, p+": the chmod shows")
+		}
 		d, n := filepath.Split(p)
 		d = filepath.Clean(d)
 		if d == "." {

@@ -146,7 +146,7 @@ func (l *Layers) prepareMove(rel string, e *Entry) error {
 		if err := l.ensureParents(rel); err != nil {
 			return err
 		}
-		if err := l.copyUpOne(rel, e.Lowers[0], false); err != nil {
+		if err := l.copyUpOne(rel, e.Lowers[0], false, false); err != nil {
 			return err
 		}
 	}

@@ -55,6 +55,11 @@ func (l *Layers) Setattr(rel string, o *Obj, fd int, a SetAttr, c Caller) (unix.
 	if err := o.mayChange(); err != nil {
 		return st, err
 	}
+	if a.Size != nil {
+		if err := o.mayWrite(); err != nil {
+			return st, err
+		}
+	}
 	op := OpSetattr
 	if a.Size != nil {
 		op = OpTruncate
@@ -63,7 +68,13 @@ func (l *Layers) Setattr(rel string, o *Obj, fd int, a SetAttr, c Caller) (unix.
 		return st, err
 	}
 	if fd < 0 {
-		if err := l.copyUp(rel, o, a.Size == nil || *a.Size > 0); err != nil {
+		var err error
+		if a.Size != nil {
+			err = l.copyUp(rel, o, *a.Size > 0)
+		} else {
+			err = l.copyUpForMeta(rel, o)
+		}
+		if err != nil {
 			return st, err
 		}
 	}

@@ -237,7 +237,7 @@ func (l *Layers) Setxattr(rel string, o *Obj, name string, value []byte, flags i
 	if err := l.record(OpSetxattr, rel, "", 0, c); err != nil {
 		return err
 	}
-	if err := l.CopyUp(rel, o); err != nil {
+	if err := l.copyUpForMeta(rel, o); err != nil {
 		return err
 	}
 	return l.UpperDo(rel, func(p string) error { return unix.Lsetxattr(p, name, value, flags) })
@@ -258,7 +258,7 @@ func (l *Layers) Removexattr(rel string, o *Obj, name string, c Caller) error {
 	if err := l.record(OpRemovexattr, rel, "", 0, c); err != nil {
 		return err
 	}
-	if err := l.CopyUp(rel, o); err != nil {
+	if err := l.copyUpForMeta(rel, o); err != nil {
 		return err
 	}
 	return l.UpperDo(rel, func(p string) error { return unix.Lremovexattr(p, name) })

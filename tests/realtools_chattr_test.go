@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -113,7 +114,9 @@ func chattrOrig(t *testing.T, flag, p string) {
 // not permitted", as on ext4 and kernel overlayfs, and nothing of them
 // reaches the sandbox; what a commit can apply (a file made in an
 // append-only directory, a change beneath an immutable directory's
-// subdirectory) works and commits, the originals keeping their flags.
+// subdirectory, a chmod, times or an attribute of a file in a protected
+// directory, which the commit makes in place, as ext4 allows) works and
+// commits, the originals keeping their flags.
 // Until 2026-11-27 the changes were made in the sandbox and its commit
 // failed (exit 8).
 func TestProtectedOriginalsThroughAMount(t *testing.T) {
@@ -143,16 +146,29 @@ func TestProtectedOriginalsThroughAMount(t *testing.T) {
 		}
 	}
 	assert.Contains(t, lsattrLetters(t, sb.path("i")), "i", "lsattr shows the original's immutable flag")
-	for _, script := range []string{"touch A/new", "echo changed > I/sub/z"} {
+	for _, script := range []string{"touch A/new", "echo changed > I/sub/z",
+		"chmod 600 I/x", "touch -d 2001-02-03 A/y", "setfattr -n user.t -v 1 I/x"} {
 		out, err := sh(script)
 		require.NoError(t, err, "%s: %s", script, out)
 	}
+	// The content of a file whose attributes changed still cannot.
+	for _, script := range []string{"echo new > I/x", "echo more >> I/x", "echo new > A/y", "truncate -s 0 A/y"} {
+		out, err := sh(script)
+		if assert.Error(t, err, script) {
+			assert.Contains(t, out, "Operation not permitted", script)
+		}
+	}
 	st, err := exec.Command(cliBin, "status", sb.mnt).CombinedOutput()
 	require.NoError(t, err, "%s", st)
-	assert.Equal(t, "A A/new\nM I/sub/z\n2 changes: 1 created, 1 modified\n", string(st), "sbxfs status: nothing of the refused changes")
+	assert.Equal(t, "A A/new\nm A/y\nm I/x\nM I/sub/z\n4 changes: 1 created, 1 modified, 2 metadata\n", string(st),
+		"sbxfs status: nothing of the refused changes")
 
 	rtCommit(t, sb, "protected")
 	assert.Equal(t, "changed\n", mustRead(t, filepath.Join(orig, "I/sub/z")))
+	assert.EqualValues(t, 0o600, lstat(t, filepath.Join(orig, "I/x")).Mode&0o7777, "the chmod of I/x, committed in place")
+	assert.Equal(t, "x\n", mustRead(t, filepath.Join(orig, "I/x")))
+	mtim := lstat(t, filepath.Join(orig, "A/y")).Mtim
+	assert.Equal(t, 2001, time.Unix(mtim.Unix()).Year(), "the new mtime of A/y")
 	for p, l := range map[string]string{"i": "i", "a": "a", "I": "i", "A": "a"} {
 		assert.Contains(t, lsattrLetters(t, filepath.Join(orig, p)), l, "%s keeps its flag", p)
 	}
