@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -87,13 +88,33 @@ func TestCrashAtEveryPointWithNamesThatAreNotUTF8(t *testing.T) {
 	})
 }
 
+// TestCrashAtEveryPointWithALongUpper is the same with the sandbox's upper
+// and work directories ~3,850 bytes deep: the commit stages each object
+// of the upper through the long-path form (fsutil.ShortPath), and its
+// undo log and transaction sit just below PATH_MAX.
+func TestCrashAtEveryPointWithALongUpper(t *testing.T) {
+	crashAtEveryPointIn(t, func(t *testing.T) *sandbox {
+		dir := t.TempDir()
+		rest := 3850 - len(dir) - 1
+		box := filepath.Join(dir, strings.Repeat(strings.Repeat("u", 200)+"/", rest/201)+strings.Repeat("v", rest%201+1))
+		require.NoError(t, os.MkdirAll(box, 0o700))
+		return newSandboxIn(t, dir, box, base)
+	}, work)
+}
+
 // crashAtEveryPoint kills a commit of the sandbox that work makes of tree
 // at each fault point, recovers, and checks the original is all-old or
 // all-new (and, when old, commits the sandbox).
 func crashAtEveryPoint(t *testing.T, tree map[string]string, work func(*sandbox)) {
+	crashAtEveryPointIn(t, func(t *testing.T) *sandbox { return newSandbox(t, tree) }, work)
+}
+
+// crashAtEveryPointIn is crashAtEveryPoint for the sandboxes newSandbox
+// makes.
+func crashAtEveryPointIn(t *testing.T, newSandbox func(*testing.T) *sandbox, work func(*sandbox)) {
 	for _, point := range FaultPoints {
 		t.Run(point, func(t *testing.T) {
-			s := newSandbox(t, tree)
+			s := newSandbox(t)
 			work(s)
 			s.done()
 			old := snapshotTimes(t, s.orig)

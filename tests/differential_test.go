@@ -378,7 +378,8 @@ var diffLongUpper bool
 // a descriptor of a directory on the way (fsutil.ShortPath).
 func longStateDir(t testing.TB) string {
 	base := t.TempDir()
-	d := filepath.Join(base, fsutiltest.DeepRel("u", (3900-len(base))/201))
+	rest := 3880 - len(base) - 1
+	d := filepath.Join(base, fsutiltest.DeepRel("u", rest/201), strings.Repeat("v", rest%201))
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		t.Fatal(err)
 	}
