@@ -160,7 +160,7 @@ func TestProtectedOriginalsThroughAMount(t *testing.T) {
 	}
 	st, err := exec.Command(cliBin, "status", sb.mnt).CombinedOutput()
 	require.NoError(t, err, "%s", st)
-	assert.Equal(t, "A A/new\nm A/y\nm I/x\nM I/sub/z\n4 changes: 1 created, 1 modified, 2 metadata\n", string(st),
+	assert.Equal(t, "A A/new\nm A/y\nM I/sub/z\nm I/x\n4 changes: 1 created, 1 modified, 2 metadata\n", string(st),
 		"sbxfs status: nothing of the refused changes")
 
 	rtCommit(t, sb, "protected")
