@@ -138,3 +138,53 @@ func TestDeepPathsThroughAMount(t *testing.T) {
 		t.Fatalf("the committed original differs from ext4 after the same changes:\n%s", strings.Join(d, "\n"))
 	}
 }
+
+// TestDeepPathsUnprivileged: the same depth through a server run by
+// nobody (fusermount3, the user.overlay.* attributes): nobody's bash
+// walks 25 directories of 200-byte names down, appends to an original
+// file there (a copy-up whose origin is kept aside), makes, renames and
+// removes below, and reads it all back; the upper holds what it did.
+func TestDeepPathsUnprivileged(t *testing.T) {
+	if _, err := exec.LookPath("fusermount3"); err != nil {
+		t.Skip("fusermount3 is not installed: an unprivileged server cannot mount")
+	}
+	name := strings.Repeat("d", 200)
+	D := fsutiltest.DeepRel("d", 25)
+	orig := newOrig(t, nil)
+	fsutiltest.WriteDeep(t, orig, D+"/f", "deep\n")
+	fsutiltest.WriteDeep(t, orig, D+"/g", "gone\n")
+	sb := mountSandbox(t, orig, asNobody())
+	script := `set -e
+cd "$1"
+i=0
+while [ $i -lt 25 ]; do cd "$2"; i=$((i+1)); done
+test "$(cat f)" = deep
+echo more >> f
+mkdir -p n/m
+echo new > n/m/x
+mv n/m/x n/m/y
+rm g
+test "$(cat f)" = "$(printf 'deep\nmore')"
+test "$(cat n/m/y)" = new
+test ! -e g
+ls
+`
+	// bash: dash's cd builds the whole path, which fails past PATH_MAX
+	// on ext4 too.
+	// (bash says on stderr that getcwd cannot name such a directory for
+	// a user who may not list the directories above the mount: as on
+	// ext4.)
+	cmd := nobodyCmd(t, "bash", "-c", script, "bash", sb.mnt, name)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "changes as nobody at depth 25: %s%s", out, stderr.String())
+	assert.Equal(t, "f\nn\n", string(out), "ls at depth 25")
+	assert.Equal(t, "deep\nmore\n", fsutiltest.ReadDeep(t, sb.upper, D+"/f"), "the copy in the upper")
+	assert.Equal(t, "new\n", fsutiltest.ReadDeep(t, sb.upper, D+"/n/m/y"))
+	fd := fsutiltest.OpenDeep(t, sb.upper, D+"/f", unix.O_RDONLY, false)
+	buf := make([]byte, 256)
+	n, err := unix.Fgetxattr(fd, "user.overlay.sbxfs.origin", buf)
+	require.NoError(t, err, "the copy's origin")
+	assert.True(t, strings.HasPrefix(string(buf[:n]), "v1s "), "a long origin path is kept aside: %q", buf[:n])
+}
