@@ -72,12 +72,18 @@ func ShortPath(root, rel string) (Short, error) {
 		if err != nil {
 			return Short{}, err
 		}
+	} else if strings.IndexByte(rel, '/') >= 0 {
+		// The root's own path is much of it: through the root.
+		var err error
+		if fd, err = unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			return Short{}, err
+		}
+		tail = rel
 	} else {
-		// The root's own path is most of it: through the root's
+		// One name (or none) under a long root: through the root's
 		// parent, so that the path's directory is a path too.
 		var err error
-		fd, err = unix.Open(filepath.Dir(root), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
+		if fd, err = unix.Open(filepath.Dir(root), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 			return Short{}, err
 		}
 		tail = filepath.Base(root) + "/" + rel

@@ -91,12 +91,16 @@ func TestDeepPaths(t *testing.T) {
 	// the parent's default ACL that way), also under a long root (the
 	// upper of a sandbox deep in a tree).
 	long := filepath.Join(root, fsutiltest.DeepRel("d", 19))
-	dirFd := fsutiltest.OpenDeep(t, root, deep, unix.O_PATH|unix.O_DIRECTORY, false)
-	var want unix.Stat_t
-	require.NoError(t, unix.Fstat(dirFd, &want))
-	for _, c := range []struct{ root, rel string }{{root, file}, {long, fsutiltest.DeepRel("d", 26) + "/file"}} {
+	for _, c := range []struct{ root, rel, parent string }{
+		{root, file, deep},
+		{long, fsutiltest.DeepRel("d", 26) + "/file", deep},                        // rel longer than a tail
+		{long, fsutiltest.DeepRel("d", 18) + "/file", fsutiltest.DeepRel("d", 37)}, // not: through the root
+	} {
+		var want unix.Stat_t
+		require.NoError(t, unix.Fstat(fsutiltest.OpenDeep(t, root, c.parent, unix.O_PATH|unix.O_DIRECTORY, false), &want))
 		s, err := ShortPath(c.root, c.rel)
 		require.NoError(t, err)
+		assert.Less(t, len(s.Path)+len("/")+255, unix.PathMax, "room for a name after the path")
 		require.NoError(t, unix.Lstat(filepath.Dir(s.Path), &st))
 		assert.Equal(t, want.Ino, st.Ino, "the directory of %.60s", s.Path)
 		s.Close()
