@@ -101,6 +101,13 @@ func Mount(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	l.OnJournalCompact(func(r layers.CompactResult) {
+		if r.Err != nil {
+			logger.Error("journal compaction failed (the journal is as it was unless the error says otherwise)", "err", r.Err)
+			return
+		}
+		logger.Info("journal compacted", "before", r.Before, "after", r.After, "took", r.Took.Round(time.Millisecond))
+	})
 	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough, cookieSeed: maphash.MakeSeed(),
 		layersMayStall: mayStall(append([]string{cfg.Layers.Upper, cfg.Layers.Work}, cfg.Layers.Lowers...)...)}
 	root, err := fsys.newRoot()

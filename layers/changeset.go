@@ -130,45 +130,56 @@ type touched struct {
 }
 
 func replay(recs []Record) *touched {
-	t := &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
-		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]Signature{}, dirs: dirCache{}}
+	t := newTouched()
 	for _, r := range recs {
-		switch r.Op {
-		case OpBase: // names an original path, not a change
-			if _, ok := t.seen[r.Path]; !ok {
-				if sig, err := ParseSignature(r.Path2); err == nil {
-					t.seen[r.Path] = sig
-				}
-			}
-		case OpRename:
-			if r.Flags&unix.RENAME_EXCHANGE != 0 {
-				t.exchange(r.Path, r.Path2)
-				continue
-			}
-			t.move(r.Path, r.Path2)
-		case OpSetattr, OpSetxattr, OpRemovexattr:
-			t.touch(r.Path, t.paths[r.Path])
-			if r.Op == OpSetattr && r.Flags&AttrTimes != 0 {
-				t.times[r.Path] = true
-			}
-		case OpLink:
-			// Both names now share one inode, and the journal records a
-			// later write under whichever name the file was opened by.
-			t.touch(r.Path, true)
-			t.touch(r.Path2, true)
-			t.setLink(r.Path, r.Path2)
-			t.madeAt(r.Path)
-		case OpCreate, OpMkdir, OpMknod, OpSymlink:
-			t.touch(r.Path, true)
-			t.madeAt(r.Path)
-		case OpUnlink, OpRmdir:
-			t.touch(r.Path, true)
-			delete(t.made, r.Path)
-		default:
-			t.touch(r.Path, true)
-		}
+		t.apply(&r)
 	}
 	return t
+}
+
+func newTouched() *touched {
+	return &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
+		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]Signature{}, dirs: dirCache{}}
+}
+
+// apply replays one record.
+func (t *touched) apply(r *Record) {
+	switch r.Op {
+	case OpBase: // names an original path, not a change
+		if _, ok := t.seen[r.Path]; !ok {
+			if sig, err := ParseSignature(r.Path2); err == nil {
+				t.seen[r.Path] = sig
+			}
+		}
+	case OpRename:
+		if r.Flags&unix.RENAME_EXCHANGE != 0 {
+			t.exchange(r.Path, r.Path2)
+			return
+		}
+		t.move(r.Path, r.Path2)
+	case OpSetattr, OpSetxattr, OpRemovexattr:
+		t.touch(r.Path, t.paths[r.Path])
+		if r.Op == OpSetattr && r.Flags&AttrTimes != 0 {
+			t.times[r.Path] = true
+		}
+	case OpLink:
+		// Both names now share one inode, and the journal records a
+		// later write under whichever name the file was opened by.
+		t.touch(r.Path, true)
+		t.touch(r.Path2, true)
+		t.setLink(r.Path, r.Path2)
+		t.madeAt(r.Path)
+	case OpCreate, OpMkdir, OpMknod, OpSymlink:
+		t.touch(r.Path, true)
+		t.madeAt(r.Path)
+	case OpUnlink, OpRmdir:
+		t.touch(r.Path, true)
+		delete(t.made, r.Path)
+	case OpKeep, OpKeepLink:
+		t.restore(r)
+	default:
+		t.touch(r.Path, true)
+	}
 }
 
 // touch records p as touched (content: a content op seen there).
@@ -428,7 +439,7 @@ var ErrOriginalChanging = errors.New("the original kept changing while the chang
 func checkPaths(recs []Record) error {
 	for i, r := range recs {
 		paths := []string{r.Path}
-		if r.Op == OpRename || r.Op == OpLink {
+		if r.Op == OpRename || r.Op == OpLink || r.Op == OpKeepLink || r.Op == OpKeep && r.Flags&keepFrom != 0 {
 			paths = append(paths, r.Path2)
 		}
 		for _, p := range paths {

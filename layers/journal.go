@@ -37,6 +37,8 @@ const (
 	OpSetxattr                  // extended attribute set
 	OpRemovexattr               // extended attribute removed
 	OpBase                      // first sight of an original object: Path = its path in the original, Path2 = its signature
+	OpKeep                      // a compacted journal's state of one path (compact.go); Flags = keep* bits
+	OpKeepLink                  // a compacted journal's link: Path = a name, Path2 = the name it was linked to
 )
 
 var opNames = [...]string{
@@ -44,6 +46,7 @@ var opNames = [...]string{
 	OpLink: "link", OpUnlink: "unlink", OpRmdir: "rmdir", OpRename: "rename",
 	OpWrite: "write", OpTruncate: "truncate", OpSetattr: "setattr",
 	OpSetxattr: "setxattr", OpRemovexattr: "removexattr", OpBase: "base",
+	OpKeep: "keep", OpKeepLink: "keeplink",
 }
 
 // String returns the stable lowercase name of o ("create", "mkdir", ...),
@@ -55,7 +58,7 @@ func (o Op) String() string {
 	return "op(" + strconv.Itoa(int(o)) + ")"
 }
 
-func (o Op) valid() bool { return o >= OpCreate && o <= OpBase }
+func (o Op) valid() bool { return o >= OpCreate && o <= OpKeepLink }
 
 // Record is one journal entry.
 type Record struct {
@@ -109,7 +112,8 @@ func CheckJournalIntact(path string) error {
 // The format, described in docs/journal-format.md.
 const (
 	journalMagic     = "SBXFSJNL"
-	journalVersion   = 1
+	journalVersion   = 1                     // a journal as its appends made it
+	compactedVersion = 2                     // a journal compaction rewrote (compact.go): it may hold keep records
 	journalHeaderLen = 16                    // magic, version, CRC of both
 	recordHeaderLen  = 8                     // payload length, payload CRC
 	recordFixedLen   = 1 + 8 + 4 + 4 + 4 + 4 // op, nanos, pid, flags, two string lengths
@@ -119,9 +123,12 @@ const (
 var journalCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // journalHeader returns the header of a version 1 journal.
-func journalHeader() []byte {
+func journalHeader() []byte { return versionHeader(journalVersion) }
+
+// versionHeader returns the header of a journal of version v.
+func versionHeader(v uint32) []byte {
 	b := append(make([]byte, 0, journalHeaderLen), journalMagic...)
-	b = binary.LittleEndian.AppendUint32(b, journalVersion)
+	b = binary.LittleEndian.AppendUint32(b, v)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, journalCRC))
 }
 
@@ -155,16 +162,24 @@ func appendRecord(b []byte, r *Record) []byte {
 // ErrJournalVersion). It never panics and allocates at most in proportion to
 // len(data).
 func DecodeJournal(data []byte) (recs []Record, validLen int, err error) {
-	if err := checkJournalHeader(data); err != nil {
-		return nil, 0, err
+	validLen, err = eachRecord(data, func(r *Record) { recs = append(recs, *r) })
+	return recs, validLen, err
+}
+
+// eachRecord is DecodeJournal handing each record to fn in turn rather
+// than holding them all (a compaction replays millions).
+func eachRecord(data []byte, fn func(*Record)) (validLen int, err error) {
+	last, err := checkJournalHeader(data)
+	if err != nil {
+		return 0, err
 	}
 	off := journalHeaderLen
 	for {
-		r, n, ok := decodeRecord(data[off:])
+		r, n, ok := decodeRecord(data[off:], last)
 		if !ok {
-			return recs, off, nil
+			return off, nil
 		}
-		recs = append(recs, r)
+		fn(&r)
 		off += n
 	}
 }
@@ -173,12 +188,13 @@ func DecodeJournal(data []byte) (recs []Record, validLen int, err error) {
 // OpenJournal checks a journal without holding a copy of it (a long-lived
 // sandbox's journal runs to millions of records).
 func scanJournal(data []byte) (validLen int, err error) {
-	if err := checkJournalHeader(data); err != nil {
+	last, err := checkJournalHeader(data)
+	if err != nil {
 		return 0, err
 	}
 	off := journalHeaderLen
 	for {
-		_, n, ok := checkRecord(data[off:])
+		_, n, ok := checkRecord(data[off:], last)
 		if !ok {
 			return off, nil
 		}
@@ -188,25 +204,31 @@ func scanJournal(data []byte) (validLen int, err error) {
 
 // checkJournalHeader checks magic, then version (before the checksum: a
 // future version may lay out the rest of its header differently), then CRC.
-func checkJournalHeader(data []byte) error {
+// It returns the last op the version knows.
+func checkJournalHeader(data []byte) (last Op, err error) {
 	if len(data) < len(journalMagic) || string(data[:len(journalMagic)]) != journalMagic {
-		return fmt.Errorf("%w: magic %q", ErrJournalMagic, data[:min(len(data), len(journalMagic))])
+		return 0, fmt.Errorf("%w: magic %q", ErrJournalMagic, data[:min(len(data), len(journalMagic))])
 	}
 	if len(data) < journalHeaderLen {
-		return fmt.Errorf("%w: header truncated at %d bytes", ErrJournalMagic, len(data))
+		return 0, fmt.Errorf("%w: header truncated at %d bytes", ErrJournalMagic, len(data))
 	}
-	if v := binary.LittleEndian.Uint32(data[8:]); v != journalVersion {
-		return fmt.Errorf("%w: version %d, this sbxfs reads version %d", ErrJournalVersion, v, journalVersion)
+	switch v := binary.LittleEndian.Uint32(data[8:]); v {
+	case journalVersion:
+		last = OpBase
+	case compactedVersion:
+		last = OpKeepLink
+	default:
+		return 0, fmt.Errorf("%w: version %d, this sbxfs reads versions %d and %d", ErrJournalVersion, v, journalVersion, compactedVersion)
 	}
 	if binary.LittleEndian.Uint32(data[12:]) != crc32.Checksum(data[:12], journalCRC) {
-		return fmt.Errorf("%w: header checksum mismatch", ErrJournalMagic)
+		return 0, fmt.Errorf("%w: header checksum mismatch", ErrJournalMagic)
 	}
-	return nil
+	return last, nil
 }
 
-// checkRecord checks that b starts with a whole valid record and returns
-// its payload and encoded length.
-func checkRecord(b []byte) (p []byte, n int, ok bool) {
+// checkRecord checks that b starts with a whole valid record, of an op up
+// to last, and returns its payload and encoded length.
+func checkRecord(b []byte, last Op) (p []byte, n int, ok bool) {
 	if len(b) < recordHeaderLen {
 		return nil, 0, false
 	}
@@ -218,7 +240,7 @@ func checkRecord(b []byte) (p []byte, n int, ok bool) {
 	if crc32.Checksum(p, journalCRC) != binary.LittleEndian.Uint32(b[4:]) {
 		return nil, 0, false
 	}
-	if !Op(p[0]).valid() {
+	if op := Op(p[0]); !op.valid() || op > last {
 		return nil, 0, false
 	}
 	rest := p[17:]
@@ -235,8 +257,8 @@ func checkRecord(b []byte) (p []byte, n int, ok bool) {
 
 // decodeRecord decodes the record at the start of b and returns it with its
 // encoded length; ok is false if b does not start with a whole valid record.
-func decodeRecord(b []byte) (r Record, n int, ok bool) {
-	p, n, ok := checkRecord(b)
+func decodeRecord(b []byte, last Op) (r Record, n int, ok bool) {
+	p, n, ok := checkRecord(b, last)
 	if !ok {
 		return r, 0, false
 	}
@@ -276,6 +298,13 @@ type Journal struct {
 	gen       uint64 // number of appends so far
 	syncedGen uint64 // gen covered by the last successful Sync
 	err       error  // sticky: the file or its durability is in doubt
+
+	base       int64               // size when opened (0) or last compacted (compact.go)
+	floor      int64               // compactFloor when opened
+	ratio      int64               // compactRatio when opened
+	compacting bool                // a compaction runs
+	compacts   sync.WaitGroup      // the compaction running, which Close waits for
+	onCompact  func(CompactResult) // told of each compaction, when set
 }
 
 const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
@@ -287,20 +316,29 @@ const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_
 // is truncated away. A second OpenJournal of the same file, in any
 // process, fails with EWOULDBLOCK until Close.
 func OpenJournal(path string) (*Journal, error) {
-	fd, err := unix.Open(path, journalOpenFlags|unix.O_CREAT|unix.O_EXCL, 0o600)
-	if errors.Is(err, unix.EEXIST) {
-		fd, err = unix.Open(path, journalOpenFlags, 0)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open journal %q: %w", path, err)
-	}
-	j := &Journal{path: path, fd: fd}
-	if err := j.load(); err != nil {
+	for attempt := 0; ; attempt++ {
+		fd, err := unix.Open(path, journalOpenFlags|unix.O_CREAT|unix.O_EXCL, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			fd, err = unix.Open(path, journalOpenFlags, 0)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open journal %q: %w", path, err)
+		}
+		j := &Journal{path: path, fd: fd, floor: compactFloor, ratio: compactRatio}
+		err = j.load()
+		if err == nil {
+			return j, nil
+		}
 		unix.Close(fd)
-		return nil, fmt.Errorf("open journal %q: %w", path, err)
+		if !errors.Is(err, errReplaced) || attempt == 3 {
+			return nil, fmt.Errorf("open journal %q: %w", path, err)
+		}
 	}
-	return j, nil
 }
+
+// errReplaced: the file load locked is no longer the journal (a
+// compaction renamed a new one over it meanwhile): open it again.
+var errReplaced = errors.New("the journal was replaced while it was opened")
 
 // load locks the file, then reads it or writes the header of a new one.
 // O_NONBLOCK in the open flags keeps a FIFO planted at the path from
@@ -308,6 +346,18 @@ func OpenJournal(path string) (*Journal, error) {
 func (j *Journal) load() error {
 	if err := unix.Flock(j.fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return fmt.Errorf("lock (open elsewhere?): %w", err)
+	}
+	var locked, now unix.Stat_t
+	if err := unix.Fstat(j.fd, &locked); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if err := unix.Lstat(j.path, &now); err != nil || now.Ino != locked.Ino || now.Dev != locked.Dev {
+		return errReplaced
+	}
+	// What a compaction interrupted by a crash left (the journal itself
+	// is whole: the rename comes last).
+	if err := unix.Unlink(j.path + compactSuffix); err != nil && err != unix.ENOENT {
+		return fmt.Errorf("remove the unfinished compaction %q: %w", j.path+compactSuffix, err)
 	}
 	data, err := readJournalFd(j.fd)
 	if err != nil {
@@ -374,7 +424,7 @@ func (j *Journal) writeHeader() error {
 // Sync. If the write fails, the partial record is truncated away; if even
 // that fails, every later Append and Sync fails. Append fails after Close.
 func (j *Journal) Append(r Record) error {
-	if !r.Op.valid() {
+	if !r.Op.valid() || r.Op == OpKeep || r.Op == OpKeepLink { // those only a compaction writes
 		return fmt.Errorf("journal append: unknown op %d: %w", r.Op, unix.EINVAL)
 	}
 	if n := recordFixedLen + len(r.Path) + len(r.Path2); n > maxRecordPayload {
@@ -398,7 +448,20 @@ func (j *Journal) Append(r Record) error {
 		return fmt.Errorf("journal %q: append %s %q: %w", j.path, r.Op, r.Path, err)
 	}
 	j.gen++
+	if j.compactDue() {
+		j.compacting = true
+		j.compacts.Add(1)
+		go j.compact()
+	}
 	return nil
+}
+
+// OnCompact has fn told of every compaction of the journal from now on
+// (compact.go), from the goroutine that made it.
+func (j *Journal) OnCompact(fn func(CompactResult)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.onCompact = fn
 }
 
 // write appends buf to the file at j.size, with j.mu held. A short write
@@ -487,9 +550,16 @@ func (j *Journal) Records() ([]Record, error) {
 	return recs, nil
 }
 
-// Close syncs the journal and closes it, releasing its lock. Records still
-// works after Close; Append and Sync fail.
+// Close syncs the journal and closes it, releasing its lock, once a
+// compaction under way has ended. Records still works after Close; Append
+// and Sync fail.
 func (j *Journal) Close() error {
+	err := j.close()
+	j.compacts.Wait() // it finds the journal closed and leaves it
+	return err
+}
+
+func (j *Journal) close() error {
 	j.syncMu.Lock()
 	defer j.syncMu.Unlock()
 	err := j.syncLocked()

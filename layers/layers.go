@@ -138,9 +138,10 @@ type Layers struct {
 	// dirGen counts the directories the upper layer gained (dirgen.go).
 	dirGen dirGen
 
-	jmu     sync.RWMutex // guards journal, which Reset replaces
-	journal *Journal
-	bases   sync.Map // original paths whose base signature is recorded
+	jmu       sync.RWMutex // guards journal, which Reset replaces, and onCompact
+	journal   *Journal
+	onCompact func(CompactResult)
+	bases     sync.Map // original paths whose base signature is recorded
 }
 
 // Errors a caller may want to tell apart.
@@ -369,6 +370,15 @@ func (l *Layers) Close() error {
 		return err
 	}
 	return j.Close()
+}
+
+// OnJournalCompact has fn told of every compaction of the change journal
+// from now on, also after a Reset (Journal.OnCompact).
+func (l *Layers) OnJournalCompact(fn func(CompactResult)) {
+	l.jmu.Lock()
+	defer l.jmu.Unlock()
+	l.onCompact = fn
+	l.journal.OnCompact(fn)
 }
 
 // Journal returns the change journal of this stack.

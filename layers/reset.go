@@ -53,6 +53,7 @@ func (l *Layers) newJournal() error {
 	if err != nil {
 		return err
 	}
+	j.OnCompact(l.onCompact)
 	l.journal = j
 	l.bases.Clear()
 	return nil

@@ -1,0 +1,352 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// Journal compaction (docs/journal-format.md, "Compaction").
+//
+// A sandbox's journal grows with every operation, but the change set
+// depends only on the state its replay ends in (touched): which paths
+// were touched and how, where each came from, what was linked to what,
+// and the first signature of each original path. A build that rewrites
+// the same thousand files all day appends records without end for a
+// state that stays the same size. Once the records appended since the
+// journal was opened or last compacted pass a threshold, the serving
+// process rewrites the journal as that state: the first base record of
+// each original path, one keep record a touched path, one keeplink
+// record a link. The new file is written beside the journal, the records
+// appended meanwhile copied after, and renamed over it, so a reader in
+// another process (status, commit) sees the old journal or the new one,
+// each whole; the new one replays to the same change set.
+
+// The flags of a keep record: what the replay held for its path.
+const (
+	keepTouched  = 1 << iota // in touched.paths
+	keepContent              // ... with a content op seen
+	keepTimes                // in touched.times
+	keepMade                 // in touched.made
+	keepFrom                 // touched.from holds Path2
+	keepFromMade             // touched.from holds madeHere followed by Path2 (beneath an object the sandbox made)
+)
+
+// compactSuffix names the file a compaction writes beside the journal.
+const compactSuffix = ".compact"
+
+// When a journal is compacted: once the bytes appended since it was
+// opened or last compacted reach compactFloor and compactRatio times its
+// size then. The ratio keeps the work of compacting in proportion to the
+// appends (a journal whose state is large is compacted less often); the
+// floor keeps small journals as they are (4 MiB: ~25,000 records, read
+// for a status in ~40 ms; compacting 8 MiB took 80 ms). SBXFS_JOURNAL_COMPACT=N (bytes) compacts every
+// N bytes appended, whatever the journal's size: for tests.
+var (
+	compactFloor int64 = 4 << 20
+	compactRatio int64 = 3
+)
+
+func init() {
+	if v := os.Getenv("SBXFS_JOURNAL_COMPACT"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+			compactFloor, compactRatio = n, 0
+		}
+	}
+}
+
+// CompactResult reports one compaction of a journal: its size before and
+// after (equal when rewriting it would not have saved a quarter), and how
+// long it took. Err is set when it failed; the journal is then as it was,
+// unless Err says it is in doubt (as after a failed fdatasync).
+type CompactResult struct {
+	Before, After int64
+	Took          time.Duration
+	Err           error
+}
+
+// restore replays a keep or keeplink record.
+func (t *touched) restore(r *Record) {
+	if r.Op == OpKeepLink {
+		t.setLink(r.Path, r.Path2)
+		return
+	}
+	p := r.Path
+	t.index.add(p)
+	if r.Flags&keepTouched != 0 {
+		t.paths[p] = r.Flags&keepContent != 0
+	}
+	if r.Flags&keepTimes != 0 {
+		t.times[p] = true
+	}
+	if r.Flags&keepMade != 0 {
+		t.made[p] = true
+	}
+	switch {
+	case r.Flags&keepFromMade != 0:
+		t.from[p] = madeHere + r.Path2
+	case r.Flags&keepFrom != 0:
+		t.from[p] = r.Path2
+	}
+}
+
+// snapshot returns the keep and keeplink records that replay to t's
+// paths, times, made, from and link, sorted by path. ok is false when t
+// holds what a record cannot (a NUL in a path, a record over the size
+// limit): such a journal is left as it is.
+func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
+	keys := map[string]bool{}
+	for _, m := range []map[string]bool{t.paths, t.times, t.made} {
+		for p := range m {
+			keys[p] = true
+		}
+	}
+	for p := range t.from {
+		keys[p] = true
+	}
+	sorted := slices.Sorted(func(yield func(string) bool) {
+		for p := range keys {
+			if !yield(p) {
+				return
+			}
+		}
+	})
+	for _, p := range sorted {
+		r := Record{Op: OpKeep, Path: p, Time: now}
+		if content, ok := t.paths[p]; ok {
+			r.Flags |= keepTouched
+			if content {
+				r.Flags |= keepContent
+			}
+		}
+		if t.times[p] {
+			r.Flags |= keepTimes
+		}
+		if t.made[p] {
+			r.Flags |= keepMade
+		}
+		if f, ok := t.from[p]; ok {
+			if rest, made := strings.CutPrefix(f, madeHere); made {
+				r.Flags |= keepFromMade
+				r.Path2 = rest
+			} else {
+				r.Flags |= keepFrom
+				r.Path2 = f
+			}
+		}
+		recs = append(recs, r)
+	}
+	links := slices.Sorted(func(yield func(string) bool) {
+		for k := range t.link {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	for _, k := range links {
+		recs = append(recs, Record{Op: OpKeepLink, Path: k, Path2: t.link[k], Time: now})
+	}
+	for _, r := range recs {
+		if strings.ContainsRune(r.Path, 0) || strings.ContainsRune(r.Path2, 0) ||
+			recordFixedLen+len(r.Path)+len(r.Path2) > maxRecordPayload {
+			return nil, false
+		}
+	}
+	return recs, true
+}
+
+// compactRecords returns the records of the compacted form of the
+// journal data (a whole journal, header included), encoded, without a
+// header. ok is false when it cannot be compacted (snapshot) or data
+// does not end with a whole record.
+func compactRecords(data []byte, now time.Time) (body []byte, ok bool, err error) {
+	t := newTouched()
+	var bases []Record
+	valid, err := eachRecord(data, func(r *Record) {
+		if r.Op != OpBase {
+			t.apply(r)
+			return
+		}
+		if _, seen := t.seen[r.Path]; seen {
+			return
+		}
+		t.apply(r)
+		if _, seen := t.seen[r.Path]; seen {
+			bases = append(bases, *r) // the base every reader takes (Bases)
+		}
+	})
+	if err != nil || valid != len(data) {
+		return nil, false, err
+	}
+	keep, ok := t.snapshot(now)
+	if !ok {
+		return nil, false, nil
+	}
+	for _, r := range append(bases, keep...) {
+		body = appendRecord(body, &r)
+	}
+	return body, true, nil
+}
+
+// compactDue reports whether the journal has grown enough since it was
+// opened or last compacted to be compacted now, with j.mu held.
+func (j *Journal) compactDue() bool {
+	return !j.compacting && j.size-j.base >= max(j.floor, j.ratio*j.base)
+}
+
+// compact compacts the journal, on its own goroutine (started by Append).
+func (j *Journal) compact() {
+	defer j.compacts.Done()
+	start := time.Now()
+	before, after, err := j.compactOnce()
+	j.mu.Lock()
+	j.compacting = false
+	report := j.onCompact
+	j.mu.Unlock()
+	if report != nil && !errors.Is(err, os.ErrClosed) {
+		report(CompactResult{Before: before, After: after, Took: time.Since(start), Err: err})
+	}
+}
+
+// compactOnce rewrites the journal in its compacted form. The records
+// there when it starts are read and replayed without the lock (the file
+// only grows); appends wait only while the records made meanwhile are
+// copied after them and the new file is renamed over the old one.
+func (j *Journal) compactOnce() (before, after int64, err error) {
+	j.mu.Lock()
+	if j.fd < 0 || j.err != nil {
+		j.mu.Unlock()
+		return 0, 0, os.ErrClosed
+	}
+	size0 := j.size
+	rd, err := unix.Dup(j.fd)
+	j.mu.Unlock()
+	if err != nil {
+		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
+	}
+	data, err := preadAll(rd, 0, size0)
+	unix.Close(rd)
+	if err != nil {
+		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
+	}
+	body, ok, err := compactRecords(data, time.Now())
+	data = nil
+	if err != nil {
+		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
+	}
+	if !ok || int64(journalHeaderLen+len(body)) > size0/4*3 {
+		// Not worth a rewrite: wait for as much again.
+		j.mu.Lock()
+		j.base = max(j.base, size0)
+		j.mu.Unlock()
+		return size0, size0, nil
+	}
+
+	tmp := j.path + compactSuffix
+	if err := unix.Unlink(tmp); err != nil && err != unix.ENOENT {
+		return size0, size0, fmt.Errorf("compact journal: remove %q: %w", tmp, err)
+	}
+	fd, err := unix.Open(tmp, unix.O_RDWR|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return size0, size0, fmt.Errorf("compact journal: %w", err)
+	}
+	placed := false
+	defer func() {
+		if !placed {
+			unix.Close(fd)
+			unix.Unlink(tmp)
+		}
+	}()
+	// Locked before it takes the journal's place, so that an OpenJournal
+	// elsewhere never holds it (OpenJournal checks that the file it
+	// locked is still the journal).
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return size0, size0, fmt.Errorf("compact journal: lock %q: %w", tmp, err)
+	}
+	head := append(versionHeader(compactedVersion), body...)
+	if err := writeAll(fd, head); err != nil {
+		return size0, size0, fmt.Errorf("compact journal: write %q: %w", tmp, err)
+	}
+	if err := unix.Fdatasync(fd); err != nil {
+		return size0, size0, fmt.Errorf("compact journal: sync %q: %w", tmp, err)
+	}
+
+	j.syncMu.Lock() // no fdatasync of the old descriptor runs while it is swapped
+	defer j.syncMu.Unlock()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.fd < 0 || j.err != nil {
+		return size0, size0, os.ErrClosed
+	}
+	tail, err := preadAll(j.fd, size0, j.size-size0)
+	if err == nil && len(tail) > 0 {
+		if err = writeAll(fd, tail); err == nil {
+			err = unix.Fdatasync(fd)
+		}
+	}
+	if err != nil {
+		return size0, size0, fmt.Errorf("compact journal: copy the last records into %q: %w", tmp, err)
+	}
+	if err := unix.Rename(tmp, j.path); err != nil {
+		return size0, size0, fmt.Errorf("compact journal: rename %q: %w", tmp, err)
+	}
+	placed = true
+	unix.Close(j.fd)
+	j.fd = fd
+	j.size = int64(len(head) + len(tail))
+	j.base = j.size
+	j.syncedGen = j.gen // every record is in the new file, synced
+	if err := fsutil.SyncDir(filepath.Dir(j.path)); err != nil {
+		// Until the rename is durable a crash brings back the old file,
+		// without what is appended from now on.
+		j.err = fmt.Errorf("compact journal: sync the directory of %q: %w", j.path, err)
+		return size0, j.size, j.err
+	}
+	return size0, j.size, nil
+}
+
+// preadAll reads n bytes of fd at off.
+func preadAll(fd int, off, n int64) ([]byte, error) {
+	buf := make([]byte, n)
+	for done := int64(0); done < n; {
+		m, err := unix.Pread(fd, buf[done:], off+done)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if m == 0 {
+			return nil, fmt.Errorf("read %d bytes at %d: %w", n, off, unix.EIO) // the file shrank
+		}
+		done += int64(m)
+	}
+	return buf, nil
+}
+
+// writeAll writes b to fd.
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err == nil && n == 0 {
+			err = unix.EIO
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
