@@ -392,6 +392,14 @@ func (s *DaemonServer) handle(req daemonRequest) (resp daemonResponse) {
 			info := Info(sb)
 			resp.Sandbox = &info
 		}
+	case "moved":
+		var sb Sandbox
+		if req.ID == "" || req.Original == "" {
+			err = fmt.Errorf("%w: moved needs a sandbox id and the new place of its original", ErrInvalid)
+		} else if sb, err = s.m.Moved(s.ctx, req.ID, req.Original); err == nil {
+			info := Info(sb)
+			resp.Sandbox = &info
+		}
 	case "create":
 		var sb Sandbox
 		sb, err = s.m.Create(s.ctx, CreateOptions{Plan: req.Plan, Name: req.Name, Original: req.Original, Mountpoint: req.Mountpoint})

@@ -205,6 +205,14 @@ func (d *Daemon) Mount(id string) (Sandbox, error) {
 	return resp.sandbox(err)
 }
 
+// Moved records original (absolute) as the new place of the moved
+// original of sandbox id and mounts the sandbox there (see
+// Manager.Moved).
+func (d *Daemon) Moved(id, original string) (Sandbox, error) {
+	resp, err := d.call(daemonRequest{Op: "moved", ID: id, Original: original})
+	return resp.sandbox(err)
+}
+
 // Stop asks the daemon to stop as on SIGTERM: it answers, then unmounts
 // every sandbox (they stay active) and exits. Stop returns once it has
 // answered, not once it has exited: wait for the process (d.Pid).

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/layers"
 )
 
 // RollbackPlan discards the changes of every active sandbox of plan; the
@@ -449,4 +450,78 @@ func unmountServed(mt *mount, mnt string) error {
 		return nil
 	}
 	return mt.srv.Unmount() // fusermount3 -u; unix.EBUSY when busy
+}
+
+// Moved records newOriginal as the new place of sandbox id's original,
+// which was moved there (mv), then mounts the sandbox there when the
+// manager mounts (as Mount). The changes keep their bases, which name
+// objects by inode: after a move they match, after a copy every path
+// the sandbox changed conflicts, as for any other writer. Refused: a
+// sandbox that is not active (ErrNotActive) or is mounted (ErrMounted:
+// its original was not moved, or unmount it first); a recorded original
+// that is still a directory (ErrInvalid: that is another original); a
+// new place that is not a directory, or that collides with the state
+// root or another sandbox as Create would refuse it (ErrInvalid).
+func (m *Manager) Moved(ctx context.Context, id, newOriginal string) (Sandbox, error) {
+	r, ok := m.get(id)
+	if !ok {
+		return Sandbox{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	orig, err := resolveDir("new place of the original", newOriginal)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	done, err := m.enterPlan(ctx, r.Plan)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	err = m.moved(id, orig)
+	done()
+	if err != nil {
+		return Sandbox{}, err
+	}
+	m.log.Info("sandbox's original moved", "sandbox", id, "original", orig)
+	if !m.opt.Mount {
+		r, _ = m.get(id)
+		return m.view(&r), nil
+	}
+	return m.Mount(ctx, id)
+}
+
+// moved is Moved's change of the records, with the plan locked.
+func (m *Manager) moved(id, orig string) error {
+	r, ok := m.get(id)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	case r.State != Active:
+		return fmt.Errorf("%w: sandbox %s is %s", ErrNotActive, id, r.State)
+	case m.mountOf(id) != nil:
+		return fmt.Errorf("%w: sandbox %s is mounted over %s, which was not moved; unmount it first", ErrMounted, id, r.Original)
+	case r.Original == orig:
+		return nil
+	}
+	if fi, err := os.Stat(r.Original); err == nil && fi.IsDir() {
+		return fmt.Errorf("%w: the recorded original %s is still there; %s would be another original, not a moved one", ErrInvalid, r.Original, orig)
+	}
+	moved := r
+	moved.Original = orig
+	unlock := m.lockRegistry()
+	err := m.checkPlacement(&moved)
+	unlock()
+	if err != nil {
+		return err
+	}
+	cfg, err := m.layersConfig(id)
+	if err != nil {
+		return err
+	}
+	cfg.Lowers = []string{orig}
+	if err := layers.Rebind(&cfg); errors.Is(err, layers.ErrStillThere) {
+		return fmt.Errorf("%w: sandbox %s: %v", ErrInvalid, id, err)
+	} else if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	moved.Updated = time.Now().UTC()
+	return m.save(&moved)
 }

@@ -93,8 +93,8 @@ func (m *Manager) checkPlacement(r *record) error {
 	}
 	nested := false
 	for _, o := range m.recs {
-		if o.State != Active && o.State != Pending {
-			continue
+		if o.ID == r.ID || o.State != Active && o.State != Pending {
+			continue // itself (Moved checks a new place of its original)
 		}
 		switch {
 		case r.Mountpoint == o.Mountpoint:

@@ -442,3 +442,50 @@ func TestCommitPlanOriginalMovedAway(t *testing.T) {
 	assert.Len(t, res.Committed, 2)
 	fx.allNew(t)
 }
+
+// TestMovedOriginal: a sandbox whose original was moved takes its new
+// place (Moved): the record and the layers name it, also for the next
+// manager, and the plan commits every change there, nothing at the old
+// place. Refused, with the records left as they were: the old place still
+// a directory (the new one would be another original), a new place that
+// is not a directory, or that lies in the state root.
+func TestMovedOriginal(t *testing.T) {
+	root := t.TempDir()
+	m := open(t, root)
+	fx := newFixture(t, m, "p", 2)
+	id := fx.ids[1]
+	_, err := m.Moved(ctx, id, fx.origs[0])
+	require.ErrorIs(t, err, ErrInvalid, "the old place is still there")
+	assert.Contains(t, err.Error(), "is still there")
+
+	moved := fx.origs[1] + ".moved"
+	require.NoError(t, os.Rename(fx.origs[1], moved))
+	for _, bad := range []string{filepath.Join(moved, "f"), moved + ".none", filepath.Join(root, "sandboxes")} {
+		_, err := m.Moved(ctx, id, bad)
+		require.ErrorIs(t, err, ErrInvalid, bad)
+	}
+	sb, err := m.Get(id)
+	require.NoError(t, err)
+	assert.Equal(t, fx.origs[1], sb.Original, "a refusal changes nothing")
+
+	sb, err = m.Moved(ctx, id, moved)
+	require.NoError(t, err)
+	assert.Equal(t, moved, sb.Original)
+	assert.Equal(t, Active, sb.State)
+	require.NoError(t, m.Close())
+	m = open(t, root)
+	sb, err = m.Get(id)
+	require.NoError(t, err)
+	assert.Equal(t, moved, sb.Original, "the record keeps the new place")
+	cfg, err := m.Config(id)
+	require.NoError(t, err)
+	assert.Equal(t, []string{moved}, cfg.Lowers, "so do the layers")
+
+	res, err := m.CommitPlan(ctx, "p", CommitOptions{})
+	require.NoError(t, err)
+	assert.Len(t, res.Committed, 2)
+	assert.Equal(t, fx.want(0), snapshot(t, fx.origs[0]))
+	assert.Equal(t, fx.want(1), snapshot(t, moved))
+	_, err = os.Lstat(fx.origs[1])
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing made at the old place")
+}

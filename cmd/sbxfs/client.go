@@ -113,7 +113,7 @@ func daemonFailure(err error, root string, other int) error {
 	case manager.CodeInvalid:
 		return failf(exitBadPath, "%w; check the arguments", err)
 	case manager.CodeOriginalMissing:
-		return failf(exitBadPath, "%w", err)
+		return failf(exitBadPath, "%w; if it was moved, record its new place with 'sbxfs mount --moved NEWPLACE ID'", err)
 	case manager.CodeOtherMount:
 		return failf(exitBadPath, "%w\nno original was changed; %s", err, otherMountHint)
 	}

@@ -20,7 +20,7 @@ func mountCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "mount",
 		Usage:     "show ORIGINAL at MOUNTPOINT, keeping every change in a private upper layer (or mount a managed sandbox again)",
-		ArgsUsage: "ORIGINAL MOUNTPOINT | ID|MOUNTPOINT",
+		ArgsUsage: "ORIGINAL MOUNTPOINT | ID|MOUNTPOINT | --moved NEWPLACE ID|MOUNTPOINT",
 		Description: `Mounts a sandbox of the directory ORIGINAL at the empty directory MOUNTPOINT.
 Reads come from ORIGINAL; every change lands in the sandbox directory DIR
 (DIR/upper, with DIR/work for the journal and the server log) and ORIGINAL
@@ -43,9 +43,15 @@ restarting the daemon. The sandbox must be active (else exit 10) and not
 mounted (else exit 4, "already mounted"); a sandbox nested in another
 one mounts once that one is mounted (else exit 4: mount the parent
 first). It prints ID<TAB>MOUNTPOINT, or the sandbox record with --json
-(as 'sbxfs create --json'). --upper, --moved, --foreground,
---allow-other, --debug, --no-passthrough and --no-io-uring are for the
-standalone form only.`,
+(as 'sbxfs create --json'). --upper, --foreground, --allow-other,
+--debug, --no-passthrough and --no-io-uring are for the standalone form
+only.
+
+With --moved and no --upper, NEWPLACE ID (or the sandbox's mountpoint)
+records that the original of that managed sandbox was moved to NEWPLACE
+and mounts the sandbox over it; it prints ID<TAB>MOUNTPOINT<TAB>NEWPLACE.
+The sandbox must not be mounted (exit 4: unmount it first) and nothing
+may be left at the old place (exit 3).`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "upper", Usage: "sandbox directory `DIR` holding upper/ and work/ (created, or reused when it exists)"},
 			&cli.BoolFlag{Name: "foreground", Usage: "serve in this process until unmounted or interrupted"},
@@ -53,7 +59,7 @@ standalone form only.`,
 			&cli.BoolFlag{Name: "debug", Usage: "log every FUSE request"},
 			&cli.BoolFlag{Name: "no-passthrough", Usage: "do not use FUSE passthrough for upper files"},
 			&cli.BoolFlag{Name: "no-io-uring", Usage: "take the kernel's requests from /dev/fuse even where the kernel offers io_uring (fuse module parameter enable_uring)"},
-			&cli.BoolFlag{Name: "moved", Usage: "the sandbox's original was moved to ORIGINAL: record its new place (with --upper; the old place must be gone)"},
+			&cli.BoolFlag{Name: "moved", Usage: "the sandbox's original was moved to ORIGINAL (or NEWPLACE, for a managed sandbox): record its new place (the old place must be gone)"},
 			&cli.BoolFlag{Name: "json", Usage: "once the mount is live, print {mountpoint, original, sandbox, upper, work} as JSON (managed: the sandbox record)"},
 		},
 		OnUsageError: onUsageError,
@@ -73,7 +79,7 @@ func runMount(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("moved") && c.String("upper") == "" {
-		return failf(exitUsage, "--moved names the sandbox with --upper DIR: the sandbox whose original was moved")
+		return runMovedManaged(c, args[0], args[1])
 	}
 	mounts, err := fsutil.ReadMountinfo()
 	if err != nil {
@@ -167,6 +173,9 @@ func runMountManaged(c *cli.Context, arg string) error {
 	if err := checkArgs(c, []string{arg}, 1, mountUsage); err != nil {
 		return err
 	}
+	if c.Bool("moved") {
+		return failf(exitUsage, "--moved takes the original's new place and the sandbox: 'sbxfs mount --moved NEWPLACE ID'")
+	}
 	for _, f := range standaloneMountFlags {
 		if c.IsSet(f) {
 			return failf(exitUsage, "--%s is for a standalone mount (ORIGINAL MOUNTPOINT); a managed sandbox mounts again as it was created", f)
@@ -207,6 +216,39 @@ func runMountManaged(c *cli.Context, arg string) error {
 		return printJSON(c.App.Writer, manager.Info(sb))
 	}
 	fmt.Fprintf(c.App.Writer, "%s\t%s\n", sb.ID, sb.Mountpoint)
+	return nil
+}
+
+// runMovedManaged is 'sbxfs mount --moved NEWPLACE ID|MOUNTPOINT': the
+// daemon records NEWPLACE as the new place of the managed sandbox's moved
+// original and mounts the sandbox there.
+func runMovedManaged(c *cli.Context, newPlace, arg string) error {
+	for _, f := range standaloneMountFlags {
+		if f != "moved" && c.IsSet(f) {
+			return failf(exitUsage, "--%s is for a standalone mount; 'mount --moved NEWPLACE ID' records a managed sandbox's new original and mounts it as it was created", f)
+		}
+	}
+	orig, err := resolveDir("new place of the original", newPlace, "give the directory the original was moved to")
+	if err != nil {
+		return err
+	}
+	root, id, err := managedMountTarget(c, arg)
+	if err != nil {
+		return failf(exitUsage, "--moved: %s names no managed sandbox (%v); for a standalone sandbox, --moved names the sandbox with --upper DIR: 'sbxfs mount --moved --upper DIR NEWPLACE MOUNTPOINT'", arg, err)
+	}
+	d, err := connectDaemon(root, c.App.ErrWriter)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	sb, err := d.Moved(id, orig)
+	if err != nil {
+		return daemonFailure(err, root, exitMountFailed)
+	}
+	if c.Bool("json") {
+		return printJSON(c.App.Writer, manager.Info(sb))
+	}
+	fmt.Fprintf(c.App.Writer, "%s\t%s\t%s\n", sb.ID, sb.Mountpoint, sb.Original)
 	return nil
 }
 

@@ -161,8 +161,9 @@ func TestManagedNestedMountAgain(t *testing.T) {
 }
 
 // TestManagedOriginalMovedAway: with its original moved away, a managed
-// sandbox neither mounts again nor commits (exit 3: put it back); nothing
-// is lost, and once the original is back both work.
+// sandbox neither mounts again nor commits (exit 3: put it back, or
+// record its new place); nothing is lost, and once the original is back
+// both work.
 func TestManagedOriginalMovedAway(t *testing.T) {
 	t.Parallel()
 	e := newManagedEnv(t)
@@ -176,6 +177,7 @@ func TestManagedOriginalMovedAway(t *testing.T) {
 	for _, cmd := range []string{"mount", "commit"} {
 		r = e.sbxfs(cmd, sb.ID)
 		assertFailure(t, r, exitBadPath, "the sandbox's original is missing: "+o+" is not there (moved or removed?): put it back there and retry")
+		assert.Contains(t, r.stderr, "if it was moved, record its new place with 'sbxfs mount --moved NEWPLACE ID'")
 	}
 	assert.Equal(t, manager.Active, e.list()[sb.ID].State)
 
@@ -186,4 +188,49 @@ func TestManagedOriginalMovedAway(t *testing.T) {
 	r = e.sbxfs("commit", sb.ID)
 	require.Equal(t, 0, r.code, r.stderr)
 	assertFile(t, filepath.Join(o, "kept"), "kept\n")
+}
+
+// TestManagedMovedOriginal: 'sbxfs mount --moved NEWPLACE ID' records
+// where a managed sandbox's original was moved and mounts the sandbox
+// over it: the changes show there, status works, and the commit lands at
+// the new place, nothing at the old one. Refused while the sandbox is
+// mounted and while the old place is still a directory (exit 4, exit 3):
+// the record stays as it was.
+func TestManagedMovedOriginal(t *testing.T) {
+	t.Parallel()
+	e := newManagedEnv(t)
+	o := e.original("o")
+	other := e.original("other")
+	sb := e.create(o)
+	writeFile(t, filepath.Join(sb.Mountpoint, "kept"), "kept\n")
+
+	r := e.sbxfs("mount", "--moved", other, sb.ID)
+	assertFailure(t, r, exitBusy, "is mounted")
+	r = e.sbxfs("unmount", sb.Mountpoint)
+	require.Equal(t, 0, r.code, r.stderr)
+	r = e.sbxfs("mount", "--moved", other, sb.ID)
+	assertFailure(t, r, exitBadPath, o+" is still there")
+	r = e.sbxfs("mount", "--moved", "--foreground", other, sb.ID)
+	assertFailure(t, r, exitUsage, "--foreground is for a standalone mount")
+	r = e.sbxfs("mount", "--moved", sb.ID)
+	assertFailure(t, r, exitUsage, "'sbxfs mount --moved NEWPLACE ID'")
+
+	moved := o + ".moved"
+	require.NoError(t, os.Rename(o, moved))
+	r = e.sbxfs("mount", "--moved", moved, sb.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, sb.ID+"\t"+sb.Mountpoint+"\t"+moved+"\n", r.stdout)
+	assert.True(t, isMounted(t, sb.Mountpoint))
+	assertFile(t, filepath.Join(sb.Mountpoint, "kept"), "kept\n")
+	assertFile(t, filepath.Join(sb.Mountpoint, "a.txt"), "hello\n")
+	assert.Equal(t, moved, e.list()[sb.ID].Original)
+	r = e.sbxfs("status", sb.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "A kept")
+
+	r = e.sbxfs("commit", sb.ID)
+	require.Equal(t, 0, r.code, r.stderr)
+	assertFile(t, filepath.Join(moved, "kept"), "kept\n")
+	_, err := os.Lstat(o)
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing made at the old place")
 }

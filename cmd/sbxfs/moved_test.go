@@ -31,6 +31,7 @@ func TestMountMovedOriginal(t *testing.T) {
 	assertFailure(t, runBin(t, bin, "status", f.dir), exitBadPath, "'sbxfs mount --moved --upper "+f.dir+" NEWPLACE MOUNTPOINT'")
 	assertFailure(t, runBin(t, bin, "commit", f.dir), exitBadPath, "is missing (moved or removed?)")
 	assertFailure(t, runBin(t, bin, "mount", "--upper", f.dir, moved, f.mnt), exitBadPath, "if the original was moved to "+moved+", mount with --moved")
+	assertFailure(t, runBin(t, bin, "mount", "--moved", moved, f.mnt), exitUsage, "names no managed sandbox")
 	assertFailure(t, runBin(t, bin, "mount", "--moved", moved, f.mnt), exitUsage, "--moved names the sandbox with --upper DIR")
 	nowhere := filepath.Join(filepath.Dir(f.dir), "nowhere")
 	assertFailure(t, runBin(t, bin, "mount", "--moved", "--upper", nowhere, moved, f.mnt), exitNotSbxfs, "--moved: no sandbox at "+nowhere)

@@ -59,7 +59,7 @@ func (sb *sandbox) needOriginal() error {
 		if dir := filepath.Dir(sb.work); !manager.IsManagedDir(dir) {
 			return failf(exitBadPath, "the original %s of this sandbox is missing (moved or removed?): put it back there and retry, or record its new place with 'sbxfs mount --moved --upper %s NEWPLACE MOUNTPOINT'; the sandbox keeps its changes", orig, dir)
 		}
-		return failf(exitBadPath, "the original %s of this sandbox is missing (moved or removed?): put it back there and retry; the sandbox keeps its changes", orig)
+		return failf(exitBadPath, "the original %s of this sandbox is missing (moved or removed?): put it back there and retry, or record its new place with 'sbxfs mount --moved NEWPLACE %s'; the sandbox keeps its changes", orig, filepath.Base(filepath.Dir(sb.work)))
 	case err != nil:
 		return failf(exitBadPath, "the original of this sandbox: %v", err)
 	case !fi.IsDir():

@@ -60,7 +60,7 @@ func recordedOriginalGone(work string) bool {
 // original (mount --moved).
 func rebindLayers(cfg *layers.Config) error {
 	if manager.IsManagedDir(filepath.Dir(cfg.Work)) {
-		return failf(exitBadPath, "--moved: %s is a managed sandbox, whose original's new place cannot be recorded; move the original back", filepath.Dir(cfg.Work))
+		return failf(exitBadPath, "--moved: %s is a managed sandbox: record its original's new place with 'sbxfs mount --moved NEWPLACE %s'", filepath.Dir(cfg.Work), filepath.Base(filepath.Dir(cfg.Work)))
 	}
 	err := layers.Rebind(cfg)
 	switch {
