@@ -210,6 +210,11 @@ func (j *Journal) compact() {
 	before, after, err := j.compactOnce()
 	j.mu.Lock()
 	j.compacting = false
+	if err != nil {
+		// Not again at the next append (a full disk would have every
+		// append read the whole journal): once it has grown as much again.
+		j.base = max(j.base, before)
+	}
 	report := j.onCompact
 	j.mu.Unlock()
 	if report != nil && !errors.Is(err, os.ErrClosed) {

@@ -310,3 +310,36 @@ func TestOpenJournalLockedAReplacedFile(t *testing.T) {
 	j := &Journal{path: path, fd: fd}
 	assert.ErrorIs(t, j.load(), errReplaced)
 }
+
+// TestCompactionFailureBacksOff: a compaction that fails (here its file
+// cannot be made) leaves the journal whole, is reported, and is not tried
+// again at every append, only once the journal has grown as much again.
+func TestCompactionFailureBacksOff(t *testing.T) {
+	t.Parallel()
+	j, path := newJournal(t)
+	j.floor, j.ratio = 4<<10, 1
+	require.NoError(t, os.Mkdir(path+compactSuffix, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(path+compactSuffix, "x"), nil, 0o600)) // not removable by unlink
+	var failed atomic.Int64
+	j.OnCompact(func(r CompactResult) {
+		if r.Err != nil {
+			failed.Add(1)
+		}
+	})
+	var all []Record
+	for i := range 5000 {
+		r := Record{Op: OpWrite, Path: fmt.Sprintf("f%d", i%10)}
+		require.NoError(t, j.Append(r))
+		all = append(all, r)
+		if i%100 == 0 {
+			j.compacts.Wait() // let each compaction end before more appends
+		}
+	}
+	require.NoError(t, j.Close())
+	assert.Positive(t, failed.Load(), "the failures were reported")
+	assert.Less(t, failed.Load(), int64(10), "tried when the journal doubled, not at every append")
+	got, err := ReadJournal(path)
+	require.NoError(t, err)
+	assert.Equal(t, replayState(replay(all)), replayState(replay(got)))
+	require.Len(t, got, len(all), "the journal as appended")
+}
