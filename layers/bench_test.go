@@ -74,6 +74,40 @@ func BenchmarkReplayRenames(b *testing.B) {
 	}
 }
 
+// BenchmarkCompaction compacts journals of n records that rewrite the
+// same 1,000 files again and again (a write, then times set), with one
+// new file in 100: the work of one compaction, per record it reads, and
+// the size it leaves. Run:
+//
+//	go test ./layers -run XXX -bench Compaction
+func BenchmarkCompaction(b *testing.B) {
+	for _, n := range []int{10000, 100000, 1000000} {
+		data := journalHeader()
+		for i := range n {
+			r := Record{Op: OpWrite, Path: fmt.Sprintf("src/pkg%d/file%d.go", i%1000/50, i%1000)}
+			switch {
+			case i%100 == 0:
+				r = Record{Op: OpCreate, Path: fmt.Sprintf("out/new%d", i/100)}
+			case i%2 == 1:
+				r = Record{Op: OpSetattr, Path: r.Path, Flags: AttrTimes}
+			}
+			data = appendRecord(data, &r)
+		}
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			var body []byte
+			for i := 0; i < b.N; i++ {
+				var ok bool
+				var err error
+				if body, ok, err = compactRecords(data, time.Now()); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+			b.ReportMetric(float64(len(data))/float64(journalHeaderLen+len(body)), "x-smaller")
+		})
+	}
+}
+
 // BenchmarkLowerLookup looks up original files, 40 in each of 50
 // directories, as LOOKUPs of a walk arrive: with the serving process's
 // held directories (HoldLowerDirs) and without (each read opens its
