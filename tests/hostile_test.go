@@ -566,7 +566,7 @@ func TestHostileDamagedState(t *testing.T) {
 	})
 
 	t.Run("symlinks planted in the state", func(t *testing.T) {
-		for _, name := range []string{"work/server.pid", "work/server.log", "work/journal", "work/commit.lock", "work/commit.json", "work/txn-0123456789abcdef", "work/rebase.json", "work/last-commit.json", "upper", "work"} {
+		for _, name := range []string{"work/server.pid", "work/server.log", "work/journal", "work/journal.compact", "work/commit.lock", "work/commit.json", "work/txn-0123456789abcdef", "work/rebase.json", "work/last-commit.json", "upper", "work"} {
 			t.Run(name, func(t *testing.T) {
 				d := newDamaged(t)
 				target := filepath.Join(d.sentinel, "keep.txt")
