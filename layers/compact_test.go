@@ -18,16 +18,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// randomJournal makes a journal over a small namespace: creates, writes,
-// removals, links, renames of files and directories (over each other,
-// exchanged), attribute changes with and without times, and base records
-// (several for one path, some unreadable).
+// randomJournal makes a journal of up to n records over a small
+// namespace: creates, writes, removals, links, renames of files and
+// directories (over each other, exchanged), attribute changes with and
+// without times, and base records (several for one path, some
+// unreadable).
 func randomJournal(rng *rand.Rand, n int) []Record {
-	names := []string{"", "a", "b", "c", "a/b", "a/c", "b/a", "a/b/c", "c/a/b", "d", "d/e"}
-	ops := []Op{OpCreate, OpMkdir, OpWrite, OpUnlink, OpRmdir, OpLink, OpRename, OpRename, OpRename, OpSetattr, OpSetxattr, OpBase, OpTruncate}
+	return genRecords(rng, n, []string{"", "a", "b", "c", "a/b", "a/c", "b/a", "a/b/c", "c/a/b", "d", "d/e"},
+		[]Op{OpCreate, OpMkdir, OpWrite, OpUnlink, OpRmdir, OpLink, OpRename, OpRename, OpRename, OpSetattr, OpSetxattr, OpBase, OpTruncate})
+}
+
+// genRecords draws tries records of ops over names, leaving out the
+// renames and links the kernel refuses.
+func genRecords(rng *rand.Rand, tries int, names []string, ops []Op) []Record {
 	var recs []Record
-	for len(recs) < n {
-		r := Record{Op: ops[rng.Intn(len(ops))], Path: names[rng.Intn(len(names))], Time: time.Unix(int64(len(recs)), 0).UTC()}
+	for i := range tries {
+		r := Record{Op: ops[rng.Intn(len(ops))], Path: names[rng.Intn(len(names))], Time: time.Unix(int64(i), 0).UTC()}
 		switch r.Op {
 		case OpRename:
 			r.Path2 = names[rng.Intn(len(names))]

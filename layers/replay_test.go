@@ -6,7 +6,6 @@ import (
 	"math/rand"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -111,25 +110,7 @@ func TestReplayAgreesWithTheNaiveOne(t *testing.T) {
 	ops := []Op{OpCreate, OpMkdir, OpWrite, OpUnlink, OpRmdir, OpLink, OpRename, OpRename, OpRename, OpSetattr, OpSetxattr}
 	for seed := int64(1); seed <= 500; seed++ {
 		rng := rand.New(rand.NewSource(seed))
-		var recs []Record
-		for range 1 + rng.Intn(40) {
-			r := Record{Op: ops[rng.Intn(len(ops))], Path: names[rng.Intn(len(names))], Time: time.Unix(0, 0)}
-			switch r.Op {
-			case OpRename:
-				r.Path2 = names[rng.Intn(len(names))]
-				if rng.Intn(4) == 0 {
-					r.Flags = unix.RENAME_EXCHANGE
-				}
-			case OpLink:
-				r.Path2 = names[rng.Intn(len(names))]
-			case OpSetattr:
-				r.Flags = uint32(rng.Intn(2)) * AttrTimes
-			}
-			if r.Path2 != "" && (r.Path == r.Path2 || strings.HasPrefix(r.Path2, r.Path+"/") || strings.HasPrefix(r.Path, r.Path2+"/")) {
-				continue // the kernel refuses these
-			}
-			recs = append(recs, r)
-		}
+		recs := genRecords(rng, 1+rng.Intn(40), names, ops)
 		got, want := replay(recs), naiveReplay(recs)
 		for _, c := range []struct {
 			name string
