@@ -238,7 +238,7 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 	if err != nil {
 		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
 	}
-	data, err := preadAll(rd, 0, size0)
+	data, err := preadFull(rd, 0, size0)
 	unix.Close(rd)
 	if err != nil {
 		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
@@ -292,7 +292,7 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 	if j.fd < 0 || j.err != nil {
 		return size0, size0, os.ErrClosed
 	}
-	tail, err := preadAll(j.fd, size0, j.size-size0)
+	tail, err := preadFull(j.fd, size0, j.size-size0)
 	if err == nil && len(tail) > 0 {
 		if err = writeAll(fd, tail); err == nil {
 			err = unix.Fdatasync(fd)
@@ -317,41 +317,4 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 		return size0, j.size, j.err
 	}
 	return size0, j.size, nil
-}
-
-// preadAll reads n bytes of fd at off.
-func preadAll(fd int, off, n int64) ([]byte, error) {
-	buf := make([]byte, n)
-	for done := int64(0); done < n; {
-		m, err := unix.Pread(fd, buf[done:], off+done)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if m == 0 {
-			return nil, fmt.Errorf("read %d bytes at %d: %w", n, off, unix.EIO) // the file shrank
-		}
-		done += int64(m)
-	}
-	return buf, nil
-}
-
-// writeAll writes b to fd.
-func writeAll(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := unix.Write(fd, b)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err == nil && n == 0 {
-			err = unix.EIO
-		}
-		if err != nil {
-			return err
-		}
-		b = b[n:]
-	}
-	return nil
 }

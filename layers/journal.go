@@ -464,12 +464,25 @@ func (j *Journal) OnCompact(fn func(CompactResult)) {
 	j.onCompact = fn
 }
 
-// write appends buf to the file at j.size, with j.mu held. A short write
-// (the disk filled up mid-record) is continued to learn the errno; on error
-// the file is truncated back to j.size.
+// write appends buf to the file at j.size, with j.mu held; on error the
+// file is truncated back to j.size.
 func (j *Journal) write(buf []byte) error {
-	for done := 0; done < len(buf); {
-		n, err := unix.Write(j.fd, buf[done:])
+	if err := writeAll(j.fd, buf); err != nil {
+		if terr := unix.Ftruncate(j.fd, j.size); terr != nil {
+			j.err = fmt.Errorf("partial record left in %q (truncate: %v): %w", j.path, terr, err)
+			return j.err
+		}
+		return err
+	}
+	j.size += int64(len(buf))
+	return nil
+}
+
+// writeAll writes b to fd. A short write (the disk filled up mid-record)
+// is continued to learn the errno.
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -477,15 +490,10 @@ func (j *Journal) write(buf []byte) error {
 			err = unix.EIO
 		}
 		if err != nil {
-			if terr := unix.Ftruncate(j.fd, j.size); terr != nil {
-				j.err = fmt.Errorf("partial record left in %q (truncate: %v): %w", j.path, terr, err)
-				return j.err
-			}
 			return err
 		}
-		done += n
+		b = b[n:]
 	}
-	j.size += int64(len(buf))
 	return nil
 }
 
@@ -611,20 +619,34 @@ func readJournalFd(fd int) ([]byte, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, fmt.Errorf("not a regular file (mode %#o): %w", st.Mode, unix.EINVAL)
 	}
-	buf := make([]byte, st.Size)
-	n := 0
-	for n < len(buf) {
-		m, err := unix.Pread(fd, buf[n:], int64(n))
+	return preadAll(fd, 0, st.Size)
+}
+
+// preadAll reads up to n bytes of fd at off: fewer where the file ends.
+func preadAll(fd int, off, n int64) ([]byte, error) {
+	buf := make([]byte, n)
+	done := int64(0)
+	for done < n {
+		m, err := unix.Pread(fd, buf[done:], off+done)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read at %d: %w", n, err)
+			return nil, fmt.Errorf("read at %d: %w", off+done, err)
 		}
 		if m == 0 {
 			break
 		}
-		n += m
+		done += int64(m)
 	}
-	return buf[:n], nil
+	return buf[:done], nil
+}
+
+// preadFull reads exactly n bytes of fd at off.
+func preadFull(fd int, off, n int64) ([]byte, error) {
+	b, err := preadAll(fd, off, n)
+	if err == nil && int64(len(b)) < n {
+		err = fmt.Errorf("read %d bytes at %d: the file ends after %d: %w", n, off, len(b), unix.EIO)
+	}
+	return b, err
 }
