@@ -106,7 +106,7 @@ func Mount(cfg Config) (*Server, error) {
 			logger.Error("journal compaction failed (the journal is as it was unless the error says otherwise)", "err", r.Err)
 			return
 		}
-		logger.Info("journal compacted", "before", r.Before, "after", r.After, "took", r.Took.Round(time.Millisecond))
+		logger.Info("journal compacted", "before", r.Before, "after", r.After, "dead_paths_dropped", r.Dropped, "took", r.Took.Round(time.Millisecond))
 	})
 	fsys := &filesystem{layers: l, log: logger, passthrough: !cfg.NoPassthrough, cookieSeed: maphash.MakeSeed(),
 		layersMayStall: mayStall(append([]string{cfg.Layers.Upper, cfg.Layers.Work}, cfg.Layers.Lowers...)...)}

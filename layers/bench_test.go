@@ -98,7 +98,7 @@ func BenchmarkCompaction(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				var ok bool
 				var err error
-				if body, ok, err = compactRecords(data, time.Now()); err != nil || !ok {
+				if body, _, ok, err = compactRecords(data, time.Now(), nil); err != nil || !ok {
 					b.Fatal(ok, err)
 				}
 			}

@@ -127,6 +127,16 @@ type touched struct {
 	linked []string
 	// dropped collects ChangeSet.Dropped (noteDropped).
 	dropped []Change
+	// fresh holds the paths whose object the sandbox made where the
+	// replay had nothing: no record had named the path, nor linked to
+	// it, or it was dead. dead holds those whose fresh object went again
+	// (removed, or moved away): per the journal the path holds nothing
+	// and never held anything of the original's, as if it had never been
+	// touched (git's index.lock, made and renamed over the index again
+	// and again, stays fresh).
+	// A compaction drops a dead path once the upper confirms it
+	// (dropDead): git's temporary object files, an editor's save file.
+	fresh, dead map[string]bool
 }
 
 func replay(recs []Record) *touched {
@@ -139,7 +149,8 @@ func replay(recs []Record) *touched {
 
 func newTouched() *touched {
 	return &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
-		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]Signature{}, dirs: dirCache{}}
+		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]Signature{}, dirs: dirCache{},
+		fresh: map[string]bool{}, dead: map[string]bool{}}
 }
 
 // apply replays one record.
@@ -165,16 +176,25 @@ func (t *touched) apply(r *Record) {
 	case OpLink:
 		// Both names now share one inode, and the journal records a
 		// later write under whichever name the file was opened by.
+		fresh := t.unnamed(r.Path) || t.dead[r.Path]
 		t.touch(r.Path, true)
 		t.touch(r.Path2, true)
 		t.setLink(r.Path, r.Path2)
 		t.madeAt(r.Path)
+		t.setFresh(r.Path, fresh)
 	case OpCreate, OpMkdir, OpMknod, OpSymlink:
+		fresh := t.unnamed(r.Path) || t.dead[r.Path]
 		t.touch(r.Path, true)
 		t.madeAt(r.Path)
+		t.setFresh(r.Path, fresh)
 	case OpUnlink, OpRmdir:
+		fresh := t.fresh[r.Path]
 		t.touch(r.Path, true)
 		delete(t.made, r.Path)
+		delete(t.fresh, r.Path)
+		if fresh {
+			t.dead[r.Path] = true
+		}
 	case OpKeep, OpKeepLink:
 		t.restore(r)
 	default:
@@ -186,6 +206,24 @@ func (t *touched) apply(r *Record) {
 func (t *touched) touch(p string, content bool) {
 	t.paths[p] = content
 	t.index.add(p)
+	delete(t.dead, p) // something is there again
+}
+
+// unnamed reports whether no record so far named p: not touched, not
+// linked from or to. (A path beneath p is never touched while p is not:
+// whatever a record does beneath p touches p when p goes.)
+func (t *touched) unnamed(p string) bool {
+	_, touched := t.paths[p]
+	_, linked := t.link[p]
+	return !touched && !linked && len(t.linkRev[p]) == 0
+}
+
+func (t *touched) setFresh(p string, fresh bool) {
+	if fresh {
+		t.fresh[p] = true
+	} else {
+		delete(t.fresh, p)
+	}
 }
 
 // madeAt records that the sandbox made a new object at p. Its rename
@@ -216,9 +254,16 @@ func (t *touched) move(old, new string) {
 	if t.made[old] {
 		origFrom = madeHere
 	}
+	fresh := t.fresh[old]
 	delete(t.made, new) // what the rename replaces there is gone
 	for _, p := range t.index.take(old) {
 		np := new + p[len(old):]
+		// Neither flag moves: what is beneath a moved directory may
+		// meet what the target held before.
+		delete(t.fresh, p)
+		delete(t.dead, p)
+		delete(t.fresh, np)
+		delete(t.dead, np)
 		if v, ok := t.from[p]; ok {
 			delete(t.from, p)
 			t.from[np] = v
@@ -252,6 +297,9 @@ func (t *touched) move(old, new string) {
 	t.touch(old, true)
 	t.touch(new, true)
 	t.from[new] = origFrom
+	if fresh {
+		t.dead[old] = true // the object the sandbox made there went
+	}
 }
 
 // madeHere is the counterpart of an object the sandbox made, once moved

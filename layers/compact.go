@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +40,8 @@ const (
 	keepMade                 // in touched.made
 	keepFrom                 // touched.from holds Path2
 	keepFromMade             // touched.from holds madeHere followed by Path2 (beneath an object the sandbox made)
+	keepFresh                // in touched.fresh
+	keepDead                 // in touched.dead
 )
 
 // compactSuffix names the file a compaction writes beside the journal.
@@ -72,6 +75,8 @@ type CompactResult struct {
 	Before, After int64
 	Took          time.Duration
 	Err           error
+	// Dropped counts the dead paths left out (dropDead).
+	Dropped int
 }
 
 // restore replays a keep or keeplink record.
@@ -91,6 +96,12 @@ func (t *touched) restore(r *Record) {
 	if r.Flags&keepMade != 0 {
 		t.made[p] = true
 	}
+	if r.Flags&keepFresh != 0 {
+		t.fresh[p] = true
+	}
+	if r.Flags&keepDead != 0 {
+		t.dead[p] = true
+	}
 	switch {
 	case r.Flags&keepFromMade != 0:
 		t.from[p] = madeHere + r.Path2
@@ -100,12 +111,12 @@ func (t *touched) restore(r *Record) {
 }
 
 // snapshot returns the keep and keeplink records that replay to t's
-// paths, times, made, from and link, sorted by path. ok is false when t
+// paths, times, made, fresh, dead, from and link, sorted by path. ok is false when t
 // holds what a record cannot (a NUL in a path, a record over the size
 // limit): such a journal is left as it is.
 func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 	keys := map[string]bool{}
-	for _, m := range []map[string]bool{t.paths, t.times, t.made} {
+	for _, m := range []map[string]bool{t.paths, t.times, t.made, t.fresh, t.dead} {
 		for p := range m {
 			keys[p] = true
 		}
@@ -133,6 +144,12 @@ func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 		}
 		if t.made[p] {
 			r.Flags |= keepMade
+		}
+		if t.fresh[p] {
+			r.Flags |= keepFresh
+		}
+		if t.dead[p] {
+			r.Flags |= keepDead
 		}
 		if f, ok := t.from[p]; ok {
 			if rest, made := strings.CutPrefix(f, madeHere); made {
@@ -164,11 +181,68 @@ func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 	return recs, true
 }
 
+// dropDead takes out of t each dead path (touched.dead) that nothing
+// else in t lies beneath and that gone confirms holds nothing in the
+// upper: t is then as if no record had named it. The journal records a
+// removal before it makes it, so a crash between the two leaves a dead
+// path whose object is still there (or a whiteout, where the original
+// gained an object at that path meanwhile): gone says no, and the path
+// stays. A name linked to a dropped one loses that link, which told only
+// that the two were one object while both were there. It returns how
+// many it dropped. t's index is not updated: t is only snapshot after.
+func (t *touched) dropDead(gone func(path string) bool) (dropped int) {
+	if gone == nil || len(t.dead) == 0 {
+		return 0
+	}
+	holds := map[string]bool{} // directories above a path t keeps
+	above := func(p string) {
+		for {
+			i := strings.LastIndexByte(p, '/')
+			if i < 0 || holds[p[:i]] {
+				return
+			}
+			p = p[:i]
+			holds[p] = true
+		}
+	}
+	for p := range t.paths {
+		if !t.dead[p] {
+			above(p)
+		}
+	}
+	for p := range t.from {
+		above(p)
+	}
+	for k, v := range t.link {
+		above(k)
+		above(v)
+	}
+	for _, p := range slices.Sorted(maps.Keys(t.dead)) {
+		if _, moved := t.from[p]; moved || holds[p] || !gone(p) {
+			continue
+		}
+		for _, m := range []map[string]bool{t.paths, t.times, t.made, t.fresh, t.dead} {
+			delete(m, p)
+		}
+		if v, ok := t.link[p]; ok {
+			delete(t.linkRev[v], p)
+			delete(t.link, p)
+		}
+		for k := range t.linkRev[p] {
+			delete(t.link, k)
+		}
+		delete(t.linkRev, p)
+		dropped++
+	}
+	return dropped
+}
+
 // compactRecords returns the records of the compacted form of the
 // journal data (a whole journal, header included), encoded, without a
-// header. ok is false when it cannot be compacted (snapshot) or data
-// does not end with a whole record.
-func compactRecords(data []byte, now time.Time) (body []byte, ok bool, err error) {
+// header, and how many dead paths it dropped (dropDead, with gone). ok is
+// false when it cannot be compacted (snapshot) or data does not end with
+// a whole record.
+func compactRecords(data []byte, now time.Time, gone func(string) bool) (body []byte, dropped int, ok bool, err error) {
 	t := newTouched()
 	var bases []Record
 	valid, err := eachRecord(data, func(r *Record) {
@@ -185,16 +259,17 @@ func compactRecords(data []byte, now time.Time) (body []byte, ok bool, err error
 		}
 	})
 	if err != nil || valid != len(data) {
-		return nil, false, err
+		return nil, 0, false, err
 	}
+	dropped = t.dropDead(gone)
 	keep, ok := t.snapshot(now)
 	if !ok {
-		return nil, false, nil
+		return nil, 0, false, nil
 	}
 	for _, r := range append(bases, keep...) {
 		body = appendRecord(body, &r)
 	}
-	return body, true, nil
+	return body, dropped, true, nil
 }
 
 // compactDue reports whether the journal has grown enough since it was
@@ -207,7 +282,7 @@ func (j *Journal) compactDue() bool {
 func (j *Journal) compact() {
 	defer j.compacts.Done()
 	start := time.Now()
-	before, after, err := j.compactOnce()
+	before, after, dropped, err := j.compactOnce()
 	j.mu.Lock()
 	j.compacting = false
 	if err != nil {
@@ -218,7 +293,7 @@ func (j *Journal) compact() {
 	report := j.onCompact
 	j.mu.Unlock()
 	if report != nil && !errors.Is(err, os.ErrClosed) {
-		report(CompactResult{Before: before, After: after, Took: time.Since(start), Err: err})
+		report(CompactResult{Before: before, After: after, Took: time.Since(start), Err: err, Dropped: dropped})
 	}
 }
 
@@ -226,43 +301,44 @@ func (j *Journal) compact() {
 // there when it starts are read and replayed without the lock (the file
 // only grows); appends wait only while the records made meanwhile are
 // copied after them and the new file is renamed over the old one.
-func (j *Journal) compactOnce() (before, after int64, err error) {
+func (j *Journal) compactOnce() (before, after int64, dropped int, err error) {
 	j.mu.Lock()
 	if j.fd < 0 || j.err != nil {
 		j.mu.Unlock()
-		return 0, 0, os.ErrClosed
+		return 0, 0, 0, os.ErrClosed
 	}
 	size0 := j.size
+	gone := j.gone
 	rd, err := unix.Dup(j.fd)
 	j.mu.Unlock()
 	if err != nil {
-		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
+		return size0, size0, 0, fmt.Errorf("compact journal %q: %w", j.path, err)
 	}
 	data, err := preadFull(rd, 0, size0)
 	unix.Close(rd)
 	if err != nil {
-		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
+		return size0, size0, 0, fmt.Errorf("compact journal %q: %w", j.path, err)
 	}
-	body, ok, err := compactRecords(data, time.Now())
+	body, dropped, ok, err := compactRecords(data, time.Now(), gone)
 	data = nil
 	if err != nil {
-		return size0, size0, fmt.Errorf("compact journal %q: %w", j.path, err)
+		return size0, size0, 0, fmt.Errorf("compact journal %q: %w", j.path, err)
 	}
-	if !ok || int64(journalHeaderLen+len(body)) > size0/4*3 {
+	if !ok || dropped == 0 && int64(journalHeaderLen+len(body)) > size0/4*3 {
 		// Not worth a rewrite: wait for as much again.
 		j.mu.Lock()
 		j.base = max(j.base, size0)
 		j.mu.Unlock()
-		return size0, size0, nil
+		return size0, size0, 0, nil
 	}
 
 	tmp := j.path + compactSuffix
 	if err := unix.Unlink(tmp); err != nil && err != unix.ENOENT {
-		return size0, size0, fmt.Errorf("compact journal: remove %q: %w", tmp, err)
+		return size0, size0, 0, fmt.Errorf("compact journal: remove %q: %w", tmp, err)
 	}
 	fd, err := unix.Open(tmp, unix.O_RDWR|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return size0, size0, fmt.Errorf("compact journal: %w", err)
+		return size0, size0, 0, fmt.Errorf("compact journal: %w", err)
 	}
 	placed := false
 	defer func() {
@@ -275,14 +351,14 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 	// elsewhere never holds it (OpenJournal checks that the file it
 	// locked is still the journal).
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return size0, size0, fmt.Errorf("compact journal: lock %q: %w", tmp, err)
+		return size0, size0, 0, fmt.Errorf("compact journal: lock %q: %w", tmp, err)
 	}
 	head := append(versionHeader(compactedVersion), body...)
 	if err := writeAll(fd, head); err != nil {
-		return size0, size0, fmt.Errorf("compact journal: write %q: %w", tmp, err)
+		return size0, size0, 0, fmt.Errorf("compact journal: write %q: %w", tmp, err)
 	}
 	if err := unix.Fdatasync(fd); err != nil {
-		return size0, size0, fmt.Errorf("compact journal: sync %q: %w", tmp, err)
+		return size0, size0, 0, fmt.Errorf("compact journal: sync %q: %w", tmp, err)
 	}
 
 	j.syncMu.Lock() // no fdatasync of the old descriptor runs while it is swapped
@@ -290,7 +366,7 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.fd < 0 || j.err != nil {
-		return size0, size0, os.ErrClosed
+		return size0, size0, 0, os.ErrClosed
 	}
 	tail, err := preadFull(j.fd, size0, j.size-size0)
 	if err == nil && len(tail) > 0 {
@@ -299,10 +375,10 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 		}
 	}
 	if err != nil {
-		return size0, size0, fmt.Errorf("compact journal: copy the last records into %q: %w", tmp, err)
+		return size0, size0, 0, fmt.Errorf("compact journal: copy the last records into %q: %w", tmp, err)
 	}
 	if err := unix.Rename(tmp, j.path); err != nil {
-		return size0, size0, fmt.Errorf("compact journal: rename %q: %w", tmp, err)
+		return size0, size0, 0, fmt.Errorf("compact journal: rename %q: %w", tmp, err)
 	}
 	placed = true
 	unix.Close(j.fd)
@@ -314,7 +390,7 @@ func (j *Journal) compactOnce() (before, after int64, err error) {
 		// Until the rename is durable a crash brings back the old file,
 		// without what is appended from now on.
 		j.err = fmt.Errorf("compact journal: sync the directory of %q: %w", j.path, err)
-		return size0, j.size, j.err
+		return size0, j.size, dropped, j.err
 	}
-	return size0, j.size, nil
+	return size0, j.size, dropped, nil
 }

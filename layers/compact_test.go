@@ -68,8 +68,8 @@ func replayState(t *touched) string {
 			rev[v] = slices.Sorted(maps.Keys(ks))
 		}
 	}
-	return fmt.Sprintf("paths %v\ntimes %v\nmade %v\nfrom %q\nlink %v\nlinkRev %v\nseen %v",
-		t.paths, t.times, t.made, t.from, t.link, rev, t.seen)
+	return fmt.Sprintf("paths %v\ntimes %v\nmade %v\nfresh %v\ndead %v\nfrom %q\nlink %v\nlinkRev %v\nseen %v",
+		t.paths, t.times, t.made, t.fresh, t.dead, t.from, t.link, rev, t.seen)
 }
 
 // compacted returns recs in their compacted form.
@@ -79,7 +79,7 @@ func compacted(t *testing.T, recs []Record) []Record {
 	for i := range recs {
 		in = appendRecord(in, &recs[i])
 	}
-	body, ok, err := compactRecords(in, time.Unix(0, 0))
+	body, _, ok, err := compactRecords(in, time.Unix(0, 0), nil)
 	require.NoError(t, err)
 	require.True(t, ok, "the journal could be compacted")
 	out, valid, err := DecodeJournal(append(versionHeader(compactedVersion), body...))
@@ -188,7 +188,7 @@ func TestCompactionBoundsTheJournal(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	j.compacts.Wait()
-	_, after, err := j.compactOnce() // once more, for a journal of about the state alone
+	_, after, _, err := j.compactOnce() // once more, for a journal of about the state alone
 	require.NoError(t, err)
 	_, err = OpenJournal(path)
 	assert.ErrorIs(t, err, unix.EWOULDBLOCK, "the compacted journal is locked")

@@ -305,6 +305,7 @@ type Journal struct {
 	compacting bool                // a compaction runs
 	compacts   sync.WaitGroup      // the compaction running, which Close waits for
 	onCompact  func(CompactResult) // told of each compaction, when set
+	gone       func(string) bool   // confirms a dead path holds nothing (compact.go dropDead), when set
 }
 
 const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
@@ -462,6 +463,16 @@ func (j *Journal) OnCompact(fn func(CompactResult)) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.onCompact = fn
+}
+
+// ConfirmGone has the compactions from now on drop the dead paths (made
+// in the sandbox and gone again: compact.go, dropDead) for which fn,
+// given a path, confirms that the upper layer holds nothing there.
+// Without it a compaction keeps them.
+func (j *Journal) ConfirmGone(fn func(path string) bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.gone = fn
 }
 
 // write appends buf to the file at j.size, with j.mu held; on error the

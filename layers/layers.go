@@ -162,6 +162,7 @@ func Open(cfg Config) (*Layers, error) {
 	if err != nil {
 		return nil, err
 	}
+	j.ConfirmGone(l.goneFromUpper)
 	l.journal = j
 	if err := l.adoptRoot(); err != nil {
 		j.Close()
@@ -370,6 +371,14 @@ func (l *Layers) Close() error {
 		return err
 	}
 	return j.Close()
+}
+
+// goneFromUpper reports whether the upper holds nothing at rel (not
+// even a whiteout): Journal.ConfirmGone.
+func (l *Layers) goneFromUpper(rel string) bool {
+	var st unix.Stat_t
+	err := l.upperLstat(rel, &st)
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR)
 }
 
 // OnJournalCompact has fn told of every compaction of the change journal

@@ -54,6 +54,7 @@ func (l *Layers) newJournal() error {
 		return err
 	}
 	j.OnCompact(l.onCompact)
+	j.ConfirmGone(l.goneFromUpper)
 	l.journal = j
 	l.bases.Clear()
 	return nil
