@@ -190,7 +190,7 @@ func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 // stays. A name linked to a dropped one loses that link, which told only
 // that the two were one object while both were there. It returns how
 // many it dropped. t's index is not updated: t is only snapshot after.
-func (t *touched) dropDead(gone func(path string) bool) (dropped int) {
+func (t *touched) dropDead(gone func(paths []string) []bool) (dropped int) {
 	if gone == nil || len(t.dead) == 0 {
 		return 0
 	}
@@ -217,8 +217,18 @@ func (t *touched) dropDead(gone func(path string) bool) (dropped int) {
 		above(k)
 		above(v)
 	}
+	var candidates []string
 	for _, p := range slices.Sorted(maps.Keys(t.dead)) {
-		if _, moved := t.from[p]; moved || holds[p] || !gone(p) {
+		if _, moved := t.from[p]; !moved && !holds[p] {
+			candidates = append(candidates, p)
+		}
+	}
+	if len(candidates) == 0 {
+		return 0
+	}
+	confirmed := gone(candidates)
+	for i, p := range candidates {
+		if i >= len(confirmed) || !confirmed[i] {
 			continue
 		}
 		for _, m := range []map[string]bool{t.paths, t.times, t.made, t.fresh, t.dead} {
@@ -242,7 +252,7 @@ func (t *touched) dropDead(gone func(path string) bool) (dropped int) {
 // header, and how many dead paths it dropped (dropDead, with gone). ok is
 // false when it cannot be compacted (snapshot) or data does not end with
 // a whole record.
-func compactRecords(data []byte, now time.Time, gone func(string) bool) (body []byte, dropped int, ok bool, err error) {
+func compactRecords(data []byte, now time.Time, gone func([]string) []bool) (body []byte, dropped int, ok bool, err error) {
 	t := newTouched()
 	var bases []Record
 	valid, err := eachRecord(data, func(r *Record) {

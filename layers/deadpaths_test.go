@@ -105,10 +105,20 @@ func TestCompactionKeepsDeadPathsNotGone(t *testing.T) {
 	assert.True(t, isWhiteout(t, filepath.Join(s.upper, "d", "late")))
 	s.createEmpty("", "plain")
 	require.NoError(t, s.Unlink("", s.dir(""), "plain", s.c))
+	// A dead path beneath what is now a symlink to a directory: never
+	// looked up through it.
+	_, err := s.Mkdir("", s.dir(""), "s", 0o755, s.c)
+	require.NoError(t, err)
+	s.createEmpty("s", "x")
+	require.NoError(t, s.Unlink("s", s.dir("s"), "x", s.c))
+	require.NoError(t, s.Rmdir("", s.dir(""), "s", s.c))
+	_, err = s.Symlink("", s.dir(""), "s", t.TempDir(), s.c)
+	require.NoError(t, err)
 
 	want := s.changeLines()
-	assert.Equal(t, []string{"created d/crash ", "deleted d/late "}, want)
+	assert.Equal(t, []string{"created d/crash ", "deleted d/late ", "created s "}, want)
 	assert.Equal(t, 1, s.compactNow(), "only plain dropped")
+	assert.True(t, s.journalNames("s/x"))
 	assert.Equal(t, want, s.changeLines())
 	assert.True(t, s.journalNames("d/crash"))
 	assert.True(t, s.journalNames("d/late"))

@@ -299,13 +299,13 @@ type Journal struct {
 	syncedGen uint64 // gen covered by the last successful Sync
 	err       error  // sticky: the file or its durability is in doubt
 
-	base       int64               // size when opened (0) or last compacted (compact.go)
-	floor      int64               // compactFloor when opened
-	ratio      int64               // compactRatio when opened
-	compacting bool                // a compaction runs
-	compacts   sync.WaitGroup      // the compaction running, which Close waits for
-	onCompact  func(CompactResult) // told of each compaction, when set
-	gone       func(string) bool   // confirms a dead path holds nothing (compact.go dropDead), when set
+	base       int64                 // size when opened (0) or last compacted (compact.go)
+	floor      int64                 // compactFloor when opened
+	ratio      int64                 // compactRatio when opened
+	compacting bool                  // a compaction runs
+	compacts   sync.WaitGroup        // the compaction running, which Close waits for
+	onCompact  func(CompactResult)   // told of each compaction, when set
+	gone       func([]string) []bool // confirms dead paths hold nothing (compact.go dropDead), when set
 }
 
 const journalOpenFlags = unix.O_RDWR | unix.O_APPEND | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
@@ -467,9 +467,9 @@ func (j *Journal) OnCompact(fn func(CompactResult)) {
 
 // ConfirmGone has the compactions from now on drop the dead paths (made
 // in the sandbox and gone again: compact.go, dropDead) for which fn,
-// given a path, confirms that the upper layer holds nothing there.
-// Without it a compaction keeps them.
-func (j *Journal) ConfirmGone(fn func(path string) bool) {
+// given paths, confirms that the upper layer holds nothing there (true
+// at a path's index). Without it a compaction keeps them.
+func (j *Journal) ConfirmGone(fn func(paths []string) []bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.gone = fn

@@ -373,12 +373,26 @@ func (l *Layers) Close() error {
 	return j.Close()
 }
 
-// goneFromUpper reports whether the upper holds nothing at rel (not
-// even a whiteout): Journal.ConfirmGone.
-func (l *Layers) goneFromUpper(rel string) bool {
-	var st unix.Stat_t
-	err := l.upperLstat(rel, &st)
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR)
+// goneFromUpper reports, of each of paths, whether the upper holds
+// nothing there (not even a whiteout): Journal.ConfirmGone. A path is
+// resolved beneath the upper root without following a symlink; one on
+// the way is an answer of "not gone" (as is any error but ENOENT and
+// ENOTDIR), which only keeps a dead path.
+func (l *Layers) goneFromUpper(paths []string) []bool {
+	gone := make([]bool, len(paths))
+	root, err := unix.Open(l.upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return gone
+	}
+	defer unix.Close(root)
+	for i, p := range paths {
+		fd, err := fsutil.OpenBeneathRaw(root, p, unix.O_PATH|unix.O_NOFOLLOW)
+		if err == nil {
+			unix.Close(fd)
+		}
+		gone[i] = errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR)
+	}
+	return gone
 }
 
 // OnJournalCompact has fn told of every compaction of the change journal
