@@ -347,6 +347,9 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 		return ChangeSet{}, err
 	}
 	t := replay(recs)
+	if !l.testKeepDead {
+		t.dropDead(l.goneFromUpper) // as a compaction would (compact.go)
+	}
 	keys := make([]string, 0, len(t.paths))
 	for p := range t.paths {
 		if !strings.Contains(p, "\x00") {

@@ -131,13 +131,16 @@ func TestCompactionKeepsDeadPathsNotGone(t *testing.T) {
 // made, written, removed, linked, renamed over each other and
 // exchanged); one compacts its journal at random points, dropping the
 // dead paths. Both give the same change set at every compaction and at
-// the end, but for what a dropped path's own line said (sameEffect).
+// the end, but for what a dropped path's own line said (sameEffect); so
+// does the other one's journal where the change set is read (which
+// drops them too: changesOnce) against the same read keeping them.
 func TestCompactionDroppingDeadPathsKeepsTheChangeSet(t *testing.T) {
 	names := []string{"a", "b", "c", "t", "a/x", "a/y", "b/x", "t/x", "t/y", "t/x/z"}
 	orig := map[string]string{"a/x": "1", "b/": "", "c": "3"}
 	dropped := 0
 	for seed := int64(1); seed <= 200; seed++ {
 		plain, compacting := newStack(t, orig), newStack(t, orig)
+		plain.testKeepDead = true
 		rng := rand.New(rand.NewSource(seed))
 		for i := range 80 {
 			op := rng.Intn(9)
@@ -146,7 +149,11 @@ func TestCompactionDroppingDeadPathsKeepsTheChangeSet(t *testing.T) {
 			compacting.randomOp(op, p, q)
 			if rng.Intn(10) == 0 {
 				dropped += compacting.compactNow()
-				sameEffect(t, plain.changeList(), compacting.changeList(), "seed %d, compacted after op %d", seed, i)
+				want := plain.changeList()
+				sameEffect(t, want, compacting.changeList(), "seed %d, compacted after op %d", seed, i)
+				plain.testKeepDead = false // dropped as the change set is read
+				sameEffect(t, want, plain.changeList(), "seed %d, read after op %d", seed, i)
+				plain.testKeepDead = true
 			}
 		}
 		dropped += compacting.compactNow()

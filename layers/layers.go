@@ -142,6 +142,10 @@ type Layers struct {
 	journal   *Journal
 	onCompact func(CompactResult)
 	bases     sync.Map // original paths whose base signature is recorded
+
+	// testKeepDead has the change set classify the dead paths rather
+	// than drop them (dropDead): the reference a test compares with.
+	testKeepDead bool
 }
 
 // Errors a caller may want to tell apart.
