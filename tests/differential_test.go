@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -413,7 +415,8 @@ var diffCompact bool
 // server compacting its change journal every 2 KiB of records
 // (layers/compact.go): status, the patch, the listing and the commit,
 // read from journals rewritten many times while the operations went on,
-// must give what the plain directory holds.
+// some of their dead paths dropped (docs/journal-format.md "Dead
+// paths"), must give what the plain directory holds.
 func TestDifferentialCompactedJournal(t *testing.T) {
 	if cliBin == "" {
 		t.Skipf("needs the sbxfs CLI: %s", cliErr)
@@ -432,6 +435,15 @@ func TestDifferentialCompactedJournal(t *testing.T) {
 			if n := strings.Count(r.sb.log.String(), "journal compacted"); n < 5 {
 				t.Errorf("the server compacted its journal %d times, want 5 or more; its log:\n%s", n, r.sb.log)
 			}
+			dropped := 0
+			for _, m := range regexp.MustCompile(`journal compacted.*dead_paths_dropped=(\d+)`).FindAllStringSubmatch(r.sb.log.String(), -1) {
+				n, _ := strconv.Atoi(m[1])
+				dropped += n
+			}
+			if dropped == 0 {
+				t.Errorf("the server's compactions dropped no dead path (made and removed again); its log:\n%s", r.sb.log)
+			}
+			t.Logf("the server's compactions dropped %d dead paths", dropped)
 		})
 	}
 }
