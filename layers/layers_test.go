@@ -200,6 +200,13 @@ func TestRenameFlags(t *testing.T) {
 	assert.Equal(t, "A", s.read("b"))
 	err = s.Rename("", s.dir(""), "a", &o, "", s.dir(""), "d", 0, s.c)
 	assert.ErrorIs(t, err, unix.EISDIR)
+	// A whiteout made through the layers would be one of the upper's.
+	err = s.Rename("", s.dir(""), "a", &o, "", s.dir(""), "c", unix.RENAME_WHITEOUT, s.c)
+	assert.ErrorIs(t, err, unix.EINVAL)
+	_, err = s.Mknod("", s.dir(""), "w", unix.S_IFCHR|0o600, 0, s.c)
+	assert.ErrorIs(t, err, unix.EPERM)
+	assert.Equal(t, []string{"a", "b", "d"}, s.names(""))
+	assert.False(t, s.journalNames("c") || s.journalNames("w"), "a refused operation was recorded")
 }
 
 func TestChangeSet(t *testing.T) {

@@ -100,6 +100,12 @@ func (l *Layers) Mkdir(dirRel string, dir Obj, name string, mode uint32, c Calle
 
 // Mknod makes a FIFO, socket or device node.
 func (l *Layers) Mknod(dirRel string, dir Obj, name string, mode, dev uint32, c Caller) (Entry, error) {
+	if mode&unix.S_IFMT == unix.S_IFCHR && dev == 0 {
+		// A character device 0/0 is a whiteout in the upper: made,
+		// it would read back as a removal. Kernel overlayfs refuses it
+		// too.
+		return Entry{}, unix.EPERM
+	}
 	if err := dir.mayAdd(); err != nil {
 		return Entry{}, err
 	}

@@ -107,6 +107,11 @@ func tooLongToRedirect(e *Entry) bool {
 // merged view (the upper alone could not tell).
 func checkRename(l *Layers, newRel string, se, te *Entry, exists bool, flags uint32) error {
 	switch {
+	case flags&^uint32(unix.RENAME_EXCHANGE|unix.RENAME_NOREPLACE) != 0:
+		// RENAME_WHITEOUT among them: a whiteout left through the mount
+		// would be the upper's own, a removal (as Mknod). Kernel
+		// overlayfs refuses it too.
+		return unix.EINVAL
 	case flags&unix.RENAME_EXCHANGE != 0 && flags&unix.RENAME_NOREPLACE != 0:
 		return unix.EINVAL
 	case flags&unix.RENAME_EXCHANGE != 0:

@@ -683,6 +683,32 @@ func TestWhiteoutsAndOpaqueDirs(t *testing.T) {
 	assert.True(t, isWhiteout(t, sb.upperPath("moved")), "no whiteout at the old name of the renamed directory")
 }
 
+// TestNoWhiteoutMadeThroughTheMount: a character device 0/0 is how the
+// upper records a removal, so one made through the mount would read back
+// as a removal: the name gone, or the original's object there hidden.
+// Kernel overlayfs refuses to make one: mknod(2) of it gives EPERM,
+// renameat2(2) with RENAME_WHITEOUT EINVAL. So does a sandbox, for a new
+// name and over an original's, and nothing changes; another device, a
+// rename without the flag, still work.
+func TestNoWhiteoutMadeThroughTheMount(t *testing.T) {
+	orig := newOrig(t, map[string]string{"a": "a", "b": "b"})
+	originalGuard(t, orig)
+	sb := mountSandbox(t, orig)
+	ovl := mountOverlay(t, copyTree(t, orig))
+	for _, root := range []string{ovl, sb.mnt} {
+		assert.Equal(t, unix.EPERM, unix.Mknod(filepath.Join(root, "w"), unix.S_IFCHR|0o600, 0), "%s: mknod c 0 0", root)
+		assert.Equal(t, unix.EINVAL, unix.Renameat2(unix.AT_FDCWD, filepath.Join(root, "a"), unix.AT_FDCWD, filepath.Join(root, "c"), unix.RENAME_WHITEOUT),
+			"%s: rename with RENAME_WHITEOUT", root)
+		assert.Equal(t, unix.EINVAL, unix.Renameat2(unix.AT_FDCWD, filepath.Join(root, "a"), unix.AT_FDCWD, filepath.Join(root, "b"), unix.RENAME_WHITEOUT),
+			"%s: rename over an original's name with RENAME_WHITEOUT", root)
+		assert.Equal(t, []string{"a", "b"}, listDir(t, root), root)
+		assert.Equal(t, "b", mustRead(t, filepath.Join(root, "b")), root)
+	}
+	require.NoError(t, unix.Mknod(sb.path("null"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))))
+	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, sb.path("a"), unix.AT_FDCWD, sb.path("c"), unix.RENAME_NOREPLACE))
+	assert.Equal(t, []string{"b", "c", "null"}, listDir(t, sb.mnt))
+}
+
 // TestKernelOverlayReadsUpper: after unmounting, kernel overlayfs mounts
 // the same original and upper and shows the tree the sbxfs mount showed.
 func TestKernelOverlayReadsUpper(t *testing.T) {
