@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -358,13 +360,17 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 	}
 	slices.Sort(keys)
 	var cs ChangeSet
-	for _, p := range keys {
-		c, ok, err := l.classify(p, t)
-		if err != nil {
-			return cs, err
-		}
-		if ok {
-			cs.Changes = append(cs.Changes, c)
+	parts, err := l.classifyAll(keys, t)
+	if err != nil {
+		return cs, err
+	}
+	cs.Changes = parts[0].changes
+	for _, w := range parts[1:] {
+		cs.Changes = append(cs.Changes, w.changes...)
+		t.linked = append(t.linked, w.t.linked...)
+		t.dropped = append(t.dropped, w.t.dropped...)
+		for p, e := range w.t.dirs {
+			t.dirs[p] = e
 		}
 	}
 	// A link's other name must be something a commit can install: a path
@@ -382,8 +388,12 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 		}
 	}
 	l.linkGroups(&cs, t.linked, t.dirs)
-	if err := l.checkDirs(t.dirs); err != nil {
-		return cs, err
+	for _, w := range parts {
+		// Each worker's own: two may have looked a directory up at
+		// different moments.
+		if err := l.checkDirs(w.t.dirs); err != nil {
+			return cs, err
+		}
 	}
 	cs.bases = t.seen
 	// A rename's source is gone by the rename itself.
@@ -401,6 +411,72 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 		cs.Dropped = slices.CompactFunc(t.dropped, func(a, b Change) bool { return a.Path == b.Path })
 	}
 	return cs, nil
+}
+
+// classifyWorkers bounds the goroutines that classify a change set's
+// paths (8, and GOMAXPROCS), and classifyPerWorker is the fewest paths
+// worth one: a path costs ~7 us (two or three system calls), a goroutine
+// and its own directory cache far less. (The package's tests classify
+// on four, a path each: TestMain.)
+var (
+	classifyWorkers   = min(8, runtime.GOMAXPROCS(0))
+	classifyPerWorker = 1024
+)
+
+// classified is what one worker of classifyAll found: its paths' changes,
+// in order, and t as it left it (its own dirs, linked, dropped).
+type classified struct {
+	changes []Change
+	t       *touched
+}
+
+// classifyAll classifies keys (sorted) in contiguous runs, each on a
+// goroutine of its own with its own directory cache (the paths of a run
+// share their directories); every other map of t is only read. The
+// first run's classified.t is t itself. An error is the first run's that
+// had one.
+func (l *Layers) classifyAll(keys []string, t *touched) ([]classified, error) {
+	t.movedFrom = map[string][]string{} // movedAway's, read by all
+	for q, from := range t.from {
+		if q != from && !strings.Contains(q, "\x00") {
+			t.movedFrom[from] = append(t.movedFrom[from], q)
+		}
+	}
+	n := max(1, min(classifyWorkers, len(keys)/classifyPerWorker))
+	parts := make([]classified, n)
+	errs := make([]error, n)
+	for w := range parts {
+		parts[w].t = t
+		if w > 0 {
+			c := *t // before any worker writes t
+			c.dirs, c.linked, c.dropped = dirCache{}, nil, nil
+			parts[w].t = &c
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range n {
+		wt := parts[w].t
+		run := keys[w*len(keys)/n : (w+1)*len(keys)/n]
+		wg.Go(func() {
+			for _, p := range run {
+				c, ok, err := l.classify(p, wt)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				if ok {
+					parts[w].changes = append(parts[w].changes, c)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return parts, nil
 }
 
 // linkGroups makes the names of one upper inode one inode in the original
@@ -858,14 +934,6 @@ func (l *Layers) lowerPathOf(p string) (string, bool) {
 // movedAway reports whether the original object at x is, in the overlay,
 // at a path other than p that a rename took it to.
 func (l *Layers) movedAway(x, p string, t *touched) bool {
-	if t.movedFrom == nil {
-		t.movedFrom = map[string][]string{}
-		for q, from := range t.from {
-			if q != from && !strings.Contains(q, "\x00") {
-				t.movedFrom[from] = append(t.movedFrom[from], q)
-			}
-		}
-	}
 	for _, q := range t.movedFrom[x] {
 		if q == p {
 			continue
