@@ -4,50 +4,66 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// BenchmarkChanges computes the change set of 1,000 files written in 20
-// directories three deep, from the journal and those paths alone. Run:
+// BenchmarkChanges computes the change set of n = 1,000 and 20,000
+// files written in 20 directories three deep, from the journal and those
+// paths alone, its paths classified on one goroutine (workers=1) and as
+// sbxfs does (workers=auto: up to 8 and GOMAXPROCS, 1,024 paths a
+// goroutine at least: classifyAll). Run:
 //
-//	go test ./layers -run XXX -bench Changes -benchtime 30x
+//	go test ./layers -run XXX -bench Changes -benchtime 10x
 func BenchmarkChanges(b *testing.B) {
-	lower := filepath.Join(b.TempDir(), "l")
-	for i := 0; i < 1000; i++ {
-		p := filepath.Join(lower, fmt.Sprintf("a/b%d/c", i%20), fmt.Sprintf("f%d", i))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			b.Fatal(err)
+	for _, n := range []int{1000, 20000} {
+		lower := filepath.Join(b.TempDir(), "l")
+		for i := 0; i < n; i++ {
+			p := filepath.Join(lower, fmt.Sprintf("a/b%d/c", i%20), fmt.Sprintf("f%d", i))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				b.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+				b.Fatal(err)
+			}
 		}
-		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
-			b.Fatal(err)
+		l := benchStack(b, lower)
+		for i := 0; i < n; i++ {
+			p := fmt.Sprintf("a/b%d/c/f%d", i%20, i)
+			e, ok, err := l.resolve(p)
+			if err != nil || !ok {
+				b.Fatal(p, err)
+			}
+			fd, _, err := l.Open(p, &e.Obj, unix.O_WRONLY|unix.O_TRUNC, Caller{Pid: 1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, err = unix.Write(fd, []byte("changed content"))
+			if cerr := unix.Close(fd); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
-	l := benchStack(b, lower)
-	for i := 0; i < 1000; i++ {
-		p := fmt.Sprintf("a/b%d/c/f%d", i%20, i)
-		e, ok, err := l.resolve(p)
-		if err != nil || !ok {
-			b.Fatal(p, err)
-		}
-		fd, _, err := l.Open(p, &e.Obj, unix.O_WRONLY|unix.O_TRUNC, Caller{Pid: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, err = unix.Write(fd, []byte("changed content"))
-		if cerr := unix.Close(fd); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if _, err := l.Changes(); err != nil {
-			b.Fatal(err)
+		workers, perWorker := classifyWorkers, classifyPerWorker
+		for _, w := range []struct {
+			name           string
+			workers, least int
+		}{{"1", 1, 1024}, {"auto", min(8, runtime.GOMAXPROCS(0)), 1024}} {
+			b.Run(fmt.Sprintf("n=%d/workers=%s", n, w.name), func(b *testing.B) {
+				classifyWorkers, classifyPerWorker = w.workers, w.least
+				defer func() { classifyWorkers, classifyPerWorker = workers, perWorker }()
+				for i := 0; i < b.N; i++ {
+					if _, err := l.Changes(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/path")
+			})
 		}
 	}
 }
