@@ -169,7 +169,7 @@ func (t *touched) apply(r *Record) {
 			t.exchange(r.Path, r.Path2)
 			return
 		}
-		t.move(r.Path, r.Path2)
+		t.move(r.Path, r.Path2, r.Flags&unix.RENAME_NOREPLACE != 0)
 	case OpSetattr, OpSetxattr, OpRemovexattr:
 		t.touch(r.Path, t.paths[r.Path])
 		if r.Op == OpSetattr && r.Flags&AttrTimes != 0 {
@@ -250,22 +250,40 @@ func (t *touched) setLink(k, v string) {
 }
 
 // move renames old to new in every record kept so far, subtree included:
-// the keys of every map, and the other name of a link.
-func (t *touched) move(old, new string) {
+// the keys of every map, and the other name of a link. ontoNothing tells
+// that nothing was at new (the record's RENAME_NOREPLACE).
+func (t *touched) move(old, new string, ontoNothing bool) {
 	origFrom := t.counterpart(old)
 	if t.made[old] {
 		origFrom = madeHere
 	}
 	fresh := t.fresh[old]
+	// An object the sandbox made, moved where nothing was and no record
+	// named the path (or where it was dead), makes that path fresh as a
+	// create there would: a package manager's directories filled aside
+	// and moved into place, a build's output renamed from its temporary
+	// name. Moved over a fresh path's object (an editor saving a new
+	// file again), the path still never held the original's.
+	freshNew := t.made[old] && (t.fresh[new] || ontoNothing && (t.unnamed(new) || t.dead[new]))
 	delete(t.made, new) // what the rename replaces there is gone
 	for _, p := range t.index.take(old) {
 		np := new + p[len(old):]
-		// Neither flag moves: what is beneath a moved directory may
-		// meet what the target held before.
+		// Beneath the moved object each flag moves to a path no record
+		// named (or a dead one), as a create there would make it fresh:
+		// elsewhere what is beneath a moved directory meets what the
+		// target held before.
+		carry := p != old && (t.unnamed(np) || t.dead[np])
+		wasFresh, wasDead := carry && t.fresh[p], carry && t.dead[p]
 		delete(t.fresh, p)
 		delete(t.dead, p)
 		delete(t.fresh, np)
 		delete(t.dead, np)
+		if wasFresh {
+			t.fresh[np] = true
+		}
+		if wasDead {
+			t.dead[np] = true
+		}
 		if v, ok := t.from[p]; ok {
 			delete(t.from, p)
 			t.from[np] = v
@@ -299,6 +317,7 @@ func (t *touched) move(old, new string) {
 	t.touch(old, true)
 	t.touch(new, true)
 	t.from[new] = origFrom
+	t.setFresh(new, freshNew)
 	if fresh {
 		t.dead[old] = true // the object the sandbox made there went
 	}
@@ -311,9 +330,9 @@ const madeHere = "\x00made"
 
 func (t *touched) exchange(a, b string) {
 	tmp := "\x00exchange"
-	t.move(a, tmp)
-	t.move(b, a)
-	t.move(tmp, b)
+	t.move(a, tmp, false)
+	t.move(b, a, false)
+	t.move(tmp, b, false)
 	delete(t.paths, tmp)
 }
 

@@ -210,8 +210,10 @@ func (t *touched) dropDead(gone func(paths []string) []bool) (dropped int) {
 			above(p)
 		}
 	}
-	for p := range t.from {
-		above(p)
+	for p, v := range t.from {
+		if !t.dead[p] || !madeLineage(v) {
+			above(p)
+		}
 	}
 	for k, v := range t.link {
 		above(k)
@@ -219,7 +221,7 @@ func (t *touched) dropDead(gone func(paths []string) []bool) (dropped int) {
 	}
 	var candidates []string
 	for _, p := range slices.Sorted(maps.Keys(t.dead)) {
-		if _, moved := t.from[p]; !moved && !holds[p] {
+		if v, moved := t.from[p]; (!moved || madeLineage(v)) && !holds[p] {
 			candidates = append(candidates, p)
 		}
 	}
@@ -234,6 +236,7 @@ func (t *touched) dropDead(gone func(paths []string) []bool) (dropped int) {
 		for _, m := range []map[string]bool{t.paths, t.times, t.made, t.fresh, t.dead} {
 			delete(m, p)
 		}
+		delete(t.from, p)
 		if v, ok := t.link[p]; ok {
 			delete(t.linkRev[v], p)
 			delete(t.link, p)
@@ -245,6 +248,13 @@ func (t *touched) dropDead(gone func(paths []string) []bool) (dropped int) {
 		dropped++
 	}
 	return dropped
+}
+
+// madeLineage reports whether a rename lineage (touched.from) leads to
+// an object the sandbox made: no original counterpart, so a dead path
+// with it, removed, named nothing of the original's.
+func madeLineage(from string) bool {
+	return strings.HasPrefix(from, madeHere)
 }
 
 // compactRecords returns the records of the compacted form of the

@@ -289,3 +289,50 @@ func (s *stack) randomOp(op int, p, q string) {
 		s.write(p, "written "+p)
 	}
 }
+
+// TestCompactionDropsDeadPathsMovedIntoPlace: what the sandbox made
+// aside and moved into place, removed again, is dead where it was moved
+// to, beneath it too: a package manager's directory filled under a
+// temporary name (npm, pip), a build's output renamed from its temporary
+// name, a new file an editor saves twice (the second save renamed over
+// the first). What was moved over something of the original's stays.
+func TestCompactionDropsDeadPathsMovedIntoPlace(t *testing.T) {
+	s := newStack(t, map[string]string{"c": "3", "lib/": ""})
+	var o Obj
+	// a package: lib/.staging-1 filled, moved to lib/pkg, removed.
+	_, err := s.Mkdir("lib", s.dir("lib"), ".staging-1", 0o755, s.c)
+	require.NoError(t, err)
+	s.createEmpty("lib/.staging-1", "index.js")
+	_, err = s.Mkdir("lib/.staging-1", s.dir("lib/.staging-1"), "sub", 0o755, s.c)
+	require.NoError(t, err)
+	s.createEmpty("lib/.staging-1/sub", "a.js")
+	require.NoError(t, s.Rename("lib", s.dir("lib"), ".staging-1", &o, "lib", s.dir("lib"), "pkg", 0, s.c))
+	require.NoError(t, s.Unlink("lib/pkg/sub", s.dir("lib/pkg/sub"), "a.js", s.c))
+	require.NoError(t, s.Rmdir("lib/pkg", s.dir("lib/pkg"), "sub", s.c))
+	require.NoError(t, s.Unlink("lib/pkg", s.dir("lib/pkg"), "index.js", s.c))
+	require.NoError(t, s.Rmdir("lib", s.dir("lib"), "pkg", s.c))
+	// a build: out.o.tmp renamed to out.o, removed (make clean).
+	s.createEmpty("", "out.o.tmp")
+	require.NoError(t, s.Rename("", s.dir(""), "out.o.tmp", &o, "", s.dir(""), "out.o", 0, s.c))
+	require.NoError(t, s.Unlink("", s.dir(""), "out.o", s.c))
+	// an editor: new file n saved again through .n.swp, removed.
+	s.createEmpty("", "n")
+	s.createEmpty("", ".n.swp")
+	require.NoError(t, s.Rename("", s.dir(""), ".n.swp", &o, "", s.dir(""), "n", 0, s.c))
+	require.NoError(t, s.Unlink("", s.dir(""), "n", s.c))
+	// a new file moved over the original's c, removed: c's removal.
+	s.createEmpty("", "c.new")
+	require.NoError(t, s.Rename("", s.dir(""), "c.new", &o, "", s.dir(""), "c", 0, s.c))
+	require.NoError(t, s.Unlink("", s.dir(""), "c", s.c))
+
+	want := s.changeLines()
+	assert.Equal(t, []string{"deleted c "}, want)
+	dead := []string{"lib/.staging-1", "lib/pkg", "lib/pkg/index.js", "lib/pkg/sub", "lib/pkg/sub/a.js",
+		"out.o.tmp", "out.o", "n", ".n.swp", "c.new"}
+	assert.Equal(t, len(dead), s.compactNow(), "dead paths dropped")
+	assert.Equal(t, want, s.changeLines())
+	for _, p := range dead {
+		assert.False(t, s.journalNames(p), "the compacted journal names %s", p)
+	}
+	assert.True(t, s.journalNames("c"))
+}

@@ -47,7 +47,14 @@ func (l *Layers) Rename(oldDir string, od Obj, oldName string, src *Obj, newDir 
 			return err
 		}
 	}
-	if err := l.record(OpRename, oldRel, newRel, flags, c); err != nil {
+	recFlags := flags
+	if !exists {
+		// The record says the rename replaced nothing, as a rename
+		// asked with RENAME_NOREPLACE does: the replay may take the
+		// new name for fresh (touched.move).
+		recFlags |= unix.RENAME_NOREPLACE
+	}
+	if err := l.record(OpRename, oldRel, newRel, recFlags, c); err != nil {
 		return err
 	}
 	if err := l.prepareMove(oldRel, &se); err != nil {

@@ -17,8 +17,11 @@ import (
 // TestRealGitDeadPathsDropped: git makes every object as a temporary file
 // it links to the object's name and unlinks, and writes its index as
 // index.lock renamed over it; an editor saves through a file renamed over
-// the old one; a build makes a directory of objects and removes it. Each
-// leaves a path that held only what the sandbox made and removed again.
+// the old one; a build makes a directory of objects and removes it; a
+// package manager moves a package it unpacked aside into place (mv) and
+// removes it again (rm -rf), a build renames its output from a temporary
+// name and cleans it. Each leaves a path that held only what the sandbox
+// made and removed again.
 // Two sandboxes of one repository do the same work, one with its server
 // compacting its journal every 4 KiB, which drops those paths: its
 // journal names none of them, `sbxfs status` lists the same changes as
@@ -49,6 +52,21 @@ func TestRealGitDeadPathsDropped(t *testing.T) {
 			}
 			if err := os.RemoveAll(sb.path("build")); err != nil {
 				t.Fatal(err)
+			}
+			// A package manager's install: a package unpacked under a
+			// temporary name, moved into place by mv(1), removed by
+			// rm(1) (the next install); a build's output written
+			// under a temporary name and renamed, then cleaned.
+			stage := sb.path("vendor", fmt.Sprintf(".staging-%d", round))
+			for i := range 5 {
+				rtWrite(t, filepath.Join(stage, "lib", fmt.Sprintf("m%d.js", i)), "module\n", 0o644)
+			}
+			rtWrite(t, sb.path("out.o.tmp"), "output\n", 0o644)
+			for _, cmd := range [][]string{{"mv", stage, sb.path("vendor", "pkg")}, {"mv", sb.path("out.o.tmp"), sb.path("out.o")},
+				{"rm", "-rf", sb.path("vendor")}, {"rm", sb.path("out.o")}} {
+				if out, err := runTimeout(30*time.Second, cmd[0], cmd[1:]...); err != nil {
+					t.Fatalf("%q: %v\n%s", cmd, err, out)
+				}
 			}
 			g.git(sb.mnt, "add", "-A")
 			g.git(sb.mnt, "commit", "-q", "-m", "round "+strconv.Itoa(round))
@@ -92,7 +110,8 @@ func TestRealGitDeadPathsDropped(t *testing.T) {
 			continue // appended since the last compaction
 		}
 		for _, p := range []string{r.Path, r.Path2} {
-			if strings.Contains(p, "tmp_obj_") || strings.HasSuffix(p, ".lock") || strings.HasSuffix(p, ".swp") || strings.HasPrefix(p, "build") {
+			if strings.Contains(p, "tmp_obj_") || strings.HasSuffix(p, ".lock") || strings.HasSuffix(p, ".swp") ||
+				strings.HasPrefix(p, "build") || strings.HasPrefix(p, "vendor") || strings.HasPrefix(p, "out.o") {
 				named = append(named, p)
 			}
 		}
