@@ -2,6 +2,7 @@ package layers
 
 import (
 	"errors"
+	"maps"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -335,4 +336,31 @@ func TestCompactionDropsDeadPathsMovedIntoPlace(t *testing.T) {
 		assert.False(t, s.journalNames(p), "the compacted journal names %s", p)
 	}
 	assert.True(t, s.journalNames("c"))
+}
+
+// TestGoneFromUpper: what the upper answers for each kind of path a
+// dead path can be, looked at in one call (the names of a directory
+// through one descriptor of it): gone where nothing is, beneath a
+// missing directory or beneath a file; there for an object, a
+// whiteout, the root, and beneath a symlink (never followed, even to a
+// directory that lacks the name).
+func TestGoneFromUpper(t *testing.T) {
+	s := newStack(t, map[string]string{"w": "original"})
+	u := s.upper
+	require.NoError(t, os.MkdirAll(filepath.Join(u, "d/e"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(u, "d/here"), nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(u, "d/file"), nil, 0o644))
+	require.NoError(t, os.Symlink(t.TempDir(), filepath.Join(u, "d/link")))
+	require.NoError(t, unix.Mknod(filepath.Join(u, "w"), unix.S_IFCHR, 0))
+	want := map[string]bool{
+		"": false, "w": false, "d": false, "d/e": false, "d/here": false, "d/link": false,
+		"d/link/x": false, "d/link/x/y": false,
+		"gone": true, "d/gone": true, "d/e/gone": true, "d/missing/x": true, "d/missing/x/y": true,
+		"d/file/x": true, "d/file/x/y": true,
+	}
+	paths := slices.Sorted(maps.Keys(want))
+	got := s.goneFromUpper(paths)
+	for i, p := range paths {
+		assert.Equal(t, want[p], got[i], "gone %q", p)
+	}
 }

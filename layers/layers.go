@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -381,7 +382,10 @@ func (l *Layers) Close() error {
 // nothing there (not even a whiteout): Journal.ConfirmGone. A path is
 // resolved beneath the upper root without following a symlink; one on
 // the way is an answer of "not gone" (as is any error but ENOENT and
-// ENOTDIR), which only keeps a dead path.
+// ENOTDIR), which only keeps a dead path. The names of one directory are
+// looked at through one descriptor of it (an fstatat each, against an
+// openat2 of the whole path: 20,000 editor save files in 20 directories
+// ~0.9 us a path against ~1.9, BenchmarkGoneFromUpper).
 func (l *Layers) goneFromUpper(paths []string) []bool {
 	gone := make([]bool, len(paths))
 	root, err := unix.Open(l.upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -389,14 +393,70 @@ func (l *Layers) goneFromUpper(paths []string) []bool {
 		return gone
 	}
 	defer unix.Close(root)
-	for i, p := range paths {
-		fd, err := fsutil.OpenBeneathRaw(root, p, unix.O_PATH|unix.O_NOFOLLOW)
-		if err == nil {
-			unix.Close(fd)
+	isGone := func(err error) bool { return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) }
+	order := make([]int, len(paths))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		da, _ := Split(paths[a])
+		db, _ := Split(paths[b])
+		return strings.Compare(da, db)
+	})
+	dirFd, dirErr, dirOf := -1, error(nil), "\x00"
+	closeDir := func() {
+		if dirFd >= 0 && dirFd != root {
+			unix.Close(dirFd)
 		}
-		gone[i] = errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR)
+		dirFd = -1
+	}
+	defer closeDir()
+	for _, i := range order {
+		dir, name := Split(paths[i])
+		if name == "" {
+			continue // the root: never gone
+		}
+		if dir != dirOf {
+			closeDir()
+			dirOf, dirFd, dirErr = dir, root, nil
+			if dir != "" {
+				dirFd, dirErr = openUpperDirNoFollow(root, dir)
+			}
+		}
+		if dirErr != nil {
+			gone[i] = isGone(dirErr)
+			continue
+		}
+		var st unix.Stat_t
+		gone[i] = isGone(unix.Fstatat(dirFd, name, &st, unix.AT_SYMLINK_NOFOLLOW))
 	}
 	return gone
+}
+
+// openUpperDirNoFollow opens dir beneath root as goneFromUpper looks
+// beneath it: a symlink there, which O_PATH|O_NOFOLLOW opens itself, is
+// ELOOP (a symlink on the way), another non-directory ENOTDIR (nothing
+// can be beneath it), as an open of a path beneath it would answer.
+func openUpperDirNoFollow(root int, dir string) (int, error) {
+	fd, err := fsutil.OpenBeneathRaw(root, dir, unix.O_PATH|unix.O_NOFOLLOW)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return fd, nil
+	case unix.S_IFLNK:
+		err = unix.ELOOP
+	default:
+		err = unix.ENOTDIR
+	}
+	unix.Close(fd)
+	return -1, err
 }
 
 // OnJournalCompact has fn told of every compaction of the change journal
