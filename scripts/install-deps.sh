@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what sbxfs and its tests need on Debian/Ubuntu, as root:
 # fuse3 (fusermount3, mount.fuse3), attr, acl, git, fio, fuse-overlayfs, rsync,
-# sqlite3, vim-tiny (the editor tests), gnuplot-nox (the charts of
+# sqlite3, vim-tiny (the editor tests), npm (unless one is installed),
+# gnuplot-nox (the charts of
 # scripts/bench), e2fsprogs and mount (the tests on loop-mounted ext4
 # images), util-linux (taskset, fsfreeze), and user_allow_other in
 # /etc/fuse.conf (so non-root users may use --allow-other). Idempotent:
@@ -31,6 +32,13 @@ for p in "${packages[@]}"; do
 		missing+=("$p")
 	fi
 done
+# npm (TestRealNpmDeadPathsDropped): Debian's package only where no npm
+# is installed at all (nodesource's nodejs brings its own, which Debian's
+# npm would conflict with).
+if ! command -v npm >/dev/null 2>&1; then
+	packages+=(npm)
+	missing+=(npm)
+fi
 
 # apt_lists_fresh: the package lists exist and are less than a day old.
 apt_lists_fresh() {
