@@ -28,8 +28,14 @@ func TestDifferentialStacked(t *testing.T) {
 	originalGuard(t, first.sb.upper)
 
 	sb := mountSandbox(t, first.sb.upper, withLowers(first.sb.orig))
-	r := &diffRun{t: t, seed: seed, rng: first.rng, ref: first.ref, sb: sb, groupIno: map[uint64]bool{}, ops: first.ops,
-		links: newLinkModel(t, first.ref)}
+	r := &diffRun{t: t, seed: seed, rng: first.rng, ref: first.ref, sb: sb, groupIno: map[uint64]bool{}, ops: first.ops}
+	if *flagDiffRef == "overlay" {
+		// Kernel overlayfs stacked as the sandbox is: it parts the
+		// links itself.
+		r.ref = restackOverlay(t, first.ref)
+	} else {
+		r.links = newLinkModel(t, first.ref)
+	}
 	r.initFds()
 	r.compareTrees("start of the second sandbox")
 	r.run(*flagDiffOps - n1)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -745,8 +746,16 @@ func (r *diffRun) compareTrees(when string) {
 
 // mountOverlay mounts kernel overlayfs over lower (with the directory
 // renames and hard-link rules sbxfs follows) and returns its mountpoint;
-// it is unmounted when the test ends.
+// it is unmounted when the test ends, if restackOverlay has not.
 func mountOverlay(t *testing.T, lower string) string {
+	t.Helper()
+	return mountOverlayRoot(t, lower, "")
+}
+
+// mountOverlayRoot is mountOverlay with an upper whose root takes the
+// mode, owner, user attributes and times of the directory like (none
+// when ""): kernel overlayfs shows the upper root's.
+func mountOverlayRoot(t *testing.T, lower, like string) string {
 	t.Helper()
 	dir := t.TempDir()
 	upper, work, mnt := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "mnt")
@@ -755,17 +764,87 @@ func mountOverlay(t *testing.T, lower string) string {
 			t.Fatal(err)
 		}
 	}
+	if like != "" {
+		copyRootAttrs(t, like, upper)
+	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on,index=off,metacopy=off", lower, upper, work)
 	if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
 		t.Skipf("-diff.ref overlay: mount overlayfs: %v", err)
 	}
+	overlayLowers.Store(mnt, lower)
 	t.Cleanup(func() {
+		if _, mounted := overlayLowers.LoadAndDelete(mnt); !mounted {
+			return
+		}
 		if err := unix.Unmount(mnt, 0); err != nil {
 			t.Errorf("unmount the overlayfs reference: %v", err)
 			_ = unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
 	return mnt
+}
+
+// overlayLowers maps each mountOverlay mountpoint still mounted to its
+// lowerdir option.
+var overlayLowers sync.Map
+
+// restackOverlay unmounts the kernel overlayfs reference at mnt and
+// mounts a new one whose lower layers are its upper over its lower, as
+// a sandbox stacked on another's upper sees them: a name the first one
+// made, the second one sees in a lower layer (its hard links keep their
+// count when one name goes, as in the sandbox).
+func restackOverlay(t *testing.T, mnt string) string {
+	t.Helper()
+	lower, ok := overlayLowers.LoadAndDelete(mnt)
+	if !ok {
+		t.Fatalf("restackOverlay: %s is no overlayfs reference", mnt)
+	}
+	if err := unix.Unmount(mnt, 0); err != nil {
+		t.Fatalf("unmount the overlayfs reference: %v", err)
+	}
+	upper := filepath.Join(filepath.Dir(mnt), "upper")
+	return mountOverlayRoot(t, upper+":"+lower.(string), upper)
+}
+
+// copyRootAttrs gives the directory to the mode, owner, user attributes
+// and times of from.
+func copyRootAttrs(t *testing.T, from, to string) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(from, &st); err != nil {
+		t.Fatal(err)
+	}
+	sz, err := unix.Llistxattr(from, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]byte, sz)
+	if sz, err = unix.Llistxattr(from, names); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range strings.Split(string(names[:sz]), "\x00") {
+		if !strings.HasPrefix(name, "user.") {
+			continue
+		}
+		val := make([]byte, 64<<10)
+		n, err := unix.Lgetxattr(from, name, val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Lsetxattr(to, name, val[:n], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Lchown(to, int(st.Uid), int(st.Gid)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(to, st.Mode&07777); err != nil {
+		t.Fatal(err)
+	}
+	times := []unix.Timespec{st.Atim, st.Mtim}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, to, times, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // refresh lists the plain directory: the generator picks from it, so a
