@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -73,6 +74,14 @@ func TestRealGitDeadPathsDropped(t *testing.T) {
 			g.git(sb.mnt, "add", "-A")
 			g.git(sb.mnt, "commit", "-q", "-m", "round "+strconv.Itoa(round))
 		}
+		// git gc: a pack written as tmp_pack_* and renamed, the loose
+		// objects and their directories removed, twice (the second
+		// pack replaces the first).
+		for i := range 2 {
+			rtWrite(t, sb.path("src", "gen0.txt"), fmt.Sprintf("gc %d\n", i), 0o644)
+			g.git(sb.mnt, "commit", "-q", "-a", "-m", "before gc")
+			g.git(sb.mnt, "gc", "-q", "--prune=now")
+		}
 	}
 	work(plain, "plain")
 	work(compacting, "compacting")
@@ -81,10 +90,19 @@ func TestRealGitDeadPathsDropped(t *testing.T) {
 		t.Errorf("the compacting server dropped %d dead paths, want 40 or more; its log:\n%s", dropped, compacting.log)
 	}
 	if named := keptPaths(t, compacting, func(p string) bool {
-		return strings.Contains(p, "tmp_obj_") || strings.HasSuffix(p, ".lock") || strings.HasSuffix(p, ".swp") ||
+		return strings.Contains(p, "tmp_obj_") || strings.Contains(p, "tmp_pack_") || strings.Contains(p, "tmp_idx_") ||
+			strings.HasSuffix(p, ".lock") || strings.HasSuffix(p, ".swp") ||
 			strings.HasPrefix(p, "build") || strings.HasPrefix(p, "vendor") || strings.HasPrefix(p, "out.o")
 	}); len(named) > 0 {
 		t.Errorf("the compacted journal still names dead paths: %q", named)
+	}
+	// Of the packs, only those there now: git gc renames the old ones
+	// to .tmp-PID-pack-* and removes them.
+	if named := keptPaths(t, compacting, func(p string) bool {
+		_, err := os.Lstat(compacting.path(p))
+		return strings.HasPrefix(p, ".git/objects/pack/") && errors.Is(err, os.ErrNotExist)
+	}); len(named) > 0 {
+		t.Errorf("the compacted journal still names packs git gc removed: %q", named)
 	}
 
 	status := func(sb *sandbox) string {
