@@ -967,3 +967,33 @@ func TestCommitKeepsFileFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestConflictAtTheReplacedPlaceOfARemovedObject: the sandbox moved an
+// original file over another one (mv g/f18 f33) and removed it (rm f33):
+// the commit removes both. When the original then removed the moved
+// file's directory (rm -r g) and saved f33 anew, the commit removed the
+// new f33 without a conflict (the change set named what f33 held only
+// while the original still had g/f18; found by
+// TestDifferentialConcurrentCommit, seed 310220672).
+func TestConflictAtTheReplacedPlaceOfARemovedObject(t *testing.T) {
+	for _, goneToo := range []bool{false, true} {
+		t.Run(fmt.Sprintf("moved file gone from the original too: %v", goneToo), func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"g/f18": "f18", "g/f29": "f29", "f33": "f33"})
+			s.rename("g/f18", "f33")
+			s.remove("f33")
+			s.done()
+			if goneToo {
+				require.NoError(t, os.RemoveAll(filepath.Join(s.orig, "g")))
+			}
+			tmp := filepath.Join(s.orig, "f33.tmp")
+			require.NoError(t, os.WriteFile(tmp, []byte("other writer"), 0o644))
+			require.NoError(t, os.Rename(tmp, filepath.Join(s.orig, "f33")))
+			before := snapshot(t, s.orig)
+			err := commitAll(t, s.cfg, Options{})
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Contains(t, ce.Conflicts, Conflict{Path: "f33", Reason: "replaced in the original"})
+			assert.Equal(t, before, snapshot(t, s.orig), "nothing is applied on a conflict")
+		})
+	}
+}

@@ -641,6 +641,24 @@ func Counterpart(renamed map[string]string, p string) string {
 	}
 }
 
+// replacedInPlace returns the original path of the object the original
+// has in p's place, where the sandbox removed an object it had moved to
+// p (original, its original path): what the original had there, if
+// anything, is gone too. "" when there is nothing, or it is that object.
+// (Where the directory p is in is gone as well, its place is found
+// through that directory's lineage.)
+func (l *Layers) replacedInPlace(p, original string, t *touched) (string, error) {
+	in, ok, err := l.lowerInPlace(t.dirs, p)
+	if err == nil && !ok {
+		dir, name := Split(p)
+		in, ok, err = l.resolveLower(Join(t.counterpart(dir), name))
+	}
+	if err != nil || !ok || in.origin.Path == original {
+		return "", err
+	}
+	return in.origin.Path, nil
+}
+
 // classify compares the final overlay state of p with the original's.
 func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 	if p == "" {
@@ -687,6 +705,13 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 			c.Kind, c.Type = Deleted, TypeName(seen)
 			if cp != p {
 				c.Original = cp
+				// What the original has in p's place goes too, as
+				// below: the conflict check compares it with what the
+				// sandbox saw there (until 2026-11-28 a file the
+				// original saved there since was removed unchecked).
+				if c.Replaced, err = l.replacedInPlace(p, cp, t); err != nil {
+					return c, false, err
+				}
 			}
 			return c, true, nil
 		case l.isOriginalsCopy(p, cp, &ov, seen):
@@ -731,20 +756,8 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 		if lo.origin.Path != p {
 			c.Original = lo.origin.Path
 			if cp != p {
-				// The removed object was moved here: what the original
-				// had in p's place, if anything, is gone too. (Where
-				// the directory p is in is gone as well, its place is
-				// found through that directory's lineage.)
-				in, ok, err := l.lowerInPlace(t.dirs, p)
-				if err == nil && !ok {
-					dir, name := Split(p)
-					in, ok, err = l.resolveLower(Join(t.counterpart(dir), name))
-				}
-				if err != nil {
+				if c.Replaced, err = l.replacedInPlace(p, c.Original, t); err != nil {
 					return c, false, err
-				}
-				if ok && in.origin.Path != c.Original {
-					c.Replaced = in.origin.Path
 				}
 			}
 		}
