@@ -130,20 +130,6 @@ func hasUndoLog(work string) bool {
 	return err == nil
 }
 
-// emptyDir removes every entry of dir, keeping dir itself.
-func emptyDir(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // mkdirPrivate creates d with mode 0700 whatever the umask.
 func mkdirPrivate(d string) error {
 	if err := os.Mkdir(d, 0o700); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sbxfs/sbxfs/commit"
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // recoverAll settles every plan with a plan record or a sandbox holding an
@@ -222,7 +223,7 @@ func (m *Manager) reset(p *participant) error {
 		return err
 	}
 	if p.ctl == nil {
-		if err := emptyDir(m.upper(p.rec.ID)); err != nil {
+		if err := fsutil.EmptyDir(m.upper(p.rec.ID)); err != nil {
 			return fmt.Errorf("empty the upper: %w", err)
 		}
 		err := os.Remove(filepath.Join(m.work(p.rec.ID), "journal"))

@@ -85,24 +85,12 @@ func runDiff(c *cli.Context) error {
 	if c.Int("unified") < 0 {
 		return failf(exitUsage, "-U %d: the context must be 0 or more lines; give -U 0 for none", c.Int("unified"))
 	}
-	arg, err := sandboxArg(c, args[0])
+	sb, cs, err := sandboxChanges(c, args[0])
 	if err != nil {
 		return err
 	}
-	sb, err := lookupSandbox(arg)
-	if err != nil {
-		return err
-	}
-	if err := sb.needOriginal(); err != nil {
-		return err
-	}
-	cfg, work := sb.cfg, sb.work
-	cs, err := layers.Changes(cfg)
-	if err != nil {
-		return journalHint(fmt.Errorf("compute the changes of %s: %w", work, err), work)
-	}
-	if err := printDiff(c, cfg, sb.meta.Lowers[0], cs); err != nil {
-		return fmt.Errorf("diff of %s: %w", work, err)
+	if err := printDiff(c, sb.cfg, sb.meta.Lowers[0], cs); err != nil {
+		return fmt.Errorf("diff of %s: %w", sb.work, err)
 	}
 	if c.Bool("exit-code") && len(cs.Changes) > 0 {
 		return failf(exitChanges, "the sandbox has %d change(s) (--exit-code)", len(cs.Changes))

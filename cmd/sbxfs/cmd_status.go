@@ -94,22 +94,11 @@ func runStatus(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	arg, err := sandboxArg(c, args[0])
+	sb, cs, err := sandboxChanges(c, args[0])
 	if err != nil {
-		return err
-	}
-	sb, err := lookupSandbox(arg)
-	if err != nil {
-		return err
-	}
-	if err := sb.needOriginal(); err != nil {
 		return err
 	}
 	work, m := sb.work, sb.meta
-	cs, err := layers.Changes(sb.cfg)
-	if err != nil {
-		return journalHint(fmt.Errorf("compute the changes of %s: %w", work, err), work)
-	}
 	st := statusJSON{Original: m.Lowers[0], Lowers: m.Lowers, Upper: m.Upper, Work: work, Changes: []changeJSON{}}
 	if sb.mount != nil {
 		st.Mounted, st.Mountpoint = true, sb.mount.Mountpoint

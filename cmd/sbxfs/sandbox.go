@@ -68,6 +68,28 @@ func (sb *sandbox) needOriginal() error {
 	return nil
 }
 
+// sandboxChanges finds the sandbox arg names (a mountpoint, a sandbox
+// directory or, under the helper, its id) and computes its change set,
+// refusing a sandbox whose original is gone: what diff and status show.
+func sandboxChanges(c *cli.Context, arg string) (*sandbox, layers.ChangeSet, error) {
+	arg, err := sandboxArg(c, arg)
+	if err != nil {
+		return nil, layers.ChangeSet{}, err
+	}
+	sb, err := lookupSandbox(arg)
+	if err != nil {
+		return nil, layers.ChangeSet{}, err
+	}
+	if err := sb.needOriginal(); err != nil {
+		return nil, layers.ChangeSet{}, err
+	}
+	cs, err := layers.Changes(sb.cfg)
+	if err != nil {
+		return nil, layers.ChangeSet{}, journalHint(fmt.Errorf("compute the changes of %s: %w", sb.work, err), sb.work)
+	}
+	return sb, cs, nil
+}
+
 // control connects to the process serving a mounted sandbox; nil (and no
 // error) when the sandbox is not mounted or its server is gone (a stale
 // mount changes nothing, so nothing needs freezing).
@@ -130,10 +152,10 @@ func (sb *sandbox) discard() error {
 	if sb.meta.Upper == filepath.Join(dir, "upper") && filepath.Base(sb.work) == "work" {
 		return os.RemoveAll(dir)
 	}
-	if err := emptyDir(sb.meta.Upper); err != nil {
+	if err := fsutil.EmptyDir(sb.meta.Upper); err != nil {
 		return err
 	}
-	return emptyDir(sb.work)
+	return fsutil.EmptyDir(sb.work)
 }
 
 // resetOnDisk empties an unmounted sandbox but keeps it, as a mounted one
@@ -150,19 +172,6 @@ func (sb *sandbox) resetOnDisk() error {
 		return err
 	}
 	return l.Close()
-}
-
-func emptyDir(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // freeze stops changes to a mounted sandbox, waiting up to wait for files
