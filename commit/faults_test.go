@@ -2,8 +2,10 @@ package commit
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -524,7 +526,7 @@ func TestMetadataStepOfAnOriginalUnreadableAtStaging(t *testing.T) {
 	before := snapshot(t, s.orig)
 	w := newSwapper(t, s.orig, "d")
 	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
-		if point == "held" || point == "staged" && w.swapped {
+		if point == "checked" || point == "staged" && w.swapped {
 			w.exchange()
 		}
 	}})
@@ -659,36 +661,50 @@ func TestRenamedDirectoryReplacedBeforeItsMetadataStep(t *testing.T) {
 	assert.Equal(t, "x", string(b), "the moved directory keeps its file")
 }
 
-// TestSymlinkSwappedInAtTheHeldLook: right after the conflict check,
-// while Prepare records what the original holds where the apply will
-// back up, a directory of the original is swapped for a symlink for a
-// moment; once it is back, another process writes to the file in it
-// that the commit replaces. Recorded as unknown, the path went unchecked
-// and the write was lost with the backups. The look is now a conflict.
+// TestSymlinkSwappedInAtTheHeldLook: while Prepare records what the
+// original holds where the apply will back up, a directory of the
+// original is swapped for a symlink for a moment. Recorded as unknown,
+// the path would go unchecked by the apply, and a write to the file in
+// it lost with the backups: the look is a conflict of its own, even
+// when the conflict check after it finds the directory back. A write
+// made once it is back is a conflict of the check, and stays.
 func TestSymlinkSwappedInAtTheHeldLook(t *testing.T) {
-	s := newSandbox(t, map[string]string{"d/f": "f", "a": "a"})
-	s.write("d/f", "sandbox")
-	s.done()
-	w := newSwapper(t, s.orig, "d")
-	x, err := Prepare(s.cfg, Options{Fault: func(point string) {
-		switch {
-		case point == "checked":
-			w.exchange()
-		case point == "held" && w.swapped:
-			w.exchange()
-			writeFile(t, filepath.Join(s.orig, "d", "f"), "written meanwhile")
-		}
-	}})
-	w.back()
-	if err == nil {
-		err = Commit(x)
+	for _, write := range []bool{false, true} {
+		t.Run(fmt.Sprintf("write=%v", write), func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"d/f": "f", "a": "a"})
+			s.write("d/f", "sandbox")
+			s.done()
+			w := newSwapper(t, s.orig, "d")
+			x, err := Prepare(s.cfg, Options{Fault: func(point string) {
+				switch {
+				case point == "planned":
+					w.exchange()
+				case point == "held" && w.swapped:
+					w.exchange()
+					if write {
+						writeFile(t, filepath.Join(s.orig, "d", "f"), "written meanwhile")
+					}
+				}
+			}})
+			w.back()
+			if err == nil {
+				err = Commit(x)
+			}
+			w.done()
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, StagePrepare, ce.Stage)
+			if !write {
+				assert.Equal(t, []Conflict{{Path: "d/f", Reason: ReasonChangedWhileRead}}, ce.Conflicts)
+				require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
+				return
+			}
+			assert.Equal(t, []Conflict{{Path: "d/f", Reason: "content changed in the original"}}, ce.Conflicts)
+			b, err := os.ReadFile(filepath.Join(s.orig, "d", "f"))
+			require.NoError(t, err)
+			assert.Equal(t, "written meanwhile", string(b))
+		})
 	}
-	w.done()
-	var ce *Error
-	require.ErrorAs(t, err, &ce)
-	assert.Equal(t, StagePrepare, ce.Stage)
-	assert.Equal(t, []Conflict{{Path: "d/f", Reason: ReasonChangedWhileRead}}, ce.Conflicts)
-	require.NoError(t, commitAll(t, s.cfg, Options{}), "once the original is still, the commit goes through")
 }
 
 // TestUndoWaitsOutASymlinkSwappedInForAMoment: while a commit is undone
@@ -772,4 +788,50 @@ func TestRetryOfAFileReplacedByADirectoryAfterAnUndo(t *testing.T) {
 	unlock()
 	require.NoError(t, commitAll(t, s.cfg, Options{}))
 	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+}
+
+// TestWriteAtEachPointOfPrepareIsKept: the sandbox changed f and removed
+// d; at each point of Prepare another writer saves f anew (a rename over
+// it) and makes d/new. Wherever it comes, the commit refuses (at the
+// check, or at the apply, undone) and both are in the original. Until
+// 2026-11-28 what the original held was recorded after the check, and a
+// write between the two was neither a conflict nor a change since the
+// record: the commit succeeded and the backups took both away (found by
+// review).
+func TestWriteAtEachPointOfPrepareIsKept(t *testing.T) {
+	for _, point := range FaultPoints[:slices.Index(FaultPoints, "applying")] {
+		t.Run(point, func(t *testing.T) {
+			s := newSandbox(t, map[string]string{"f": "original", "d/g": "original g", "a": "a"})
+			s.write("f", "sandbox")
+			s.remove("d/g")
+			s.remove("d")
+			s.write("a", "sandbox a")
+			s.done()
+			wrote := false
+			x, err := Prepare(s.cfg, Options{Fault: func(p string) {
+				if p != point {
+					return
+				}
+				wrote = true
+				writeFile(t, filepath.Join(s.orig, "f.tmp"), "the other writer's save")
+				require.NoError(t, os.Rename(filepath.Join(s.orig, "f.tmp"), filepath.Join(s.orig, "f")))
+				writeFile(t, filepath.Join(s.orig, "d", "new"), "the other writer's new file")
+			}})
+			require.True(t, wrote, "Prepare passed %s", point)
+			if err == nil {
+				err = Commit(x)
+			}
+			require.Error(t, err, "a commit over the other writer's files")
+			assert.ErrorIs(t, err, ErrConflict)
+			b, err := os.ReadFile(filepath.Join(s.orig, "f"))
+			require.NoError(t, err)
+			assert.Equal(t, "the other writer's save", string(b))
+			b, err = os.ReadFile(filepath.Join(s.orig, "d", "new"))
+			require.NoError(t, err)
+			assert.Equal(t, "the other writer's new file", string(b))
+			b, err = os.ReadFile(filepath.Join(s.orig, "a"))
+			require.NoError(t, err)
+			assert.Equal(t, "a", string(b), "nothing of the sandbox's applied")
+		})
+	}
 }

@@ -31,7 +31,7 @@ type Options struct {
 
 // FaultPoints are the named points between the steps of a commit and of
 // its recovery, in order.
-var FaultPoints = []string{"checked", "held", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
+var FaultPoints = []string{"planned", "held", "checked", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
 
 // RecoveryFaultPoints are the named points inside an undo.
 var RecoveryFaultPoints = []string{"undoing"}
@@ -139,17 +139,12 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	if x.orig, err = openTree(cfg.Lowers[0]); err != nil {
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
-	if !opt.Force {
-		if cf := conflicts(x.orig, cfg.Upper, cs, bases(cfg, cs.Bases()), cs.Bases()); len(cf) > 0 {
-			x.closeTrees()
-			return nil, &Error{Stage: StagePrepare, Conflicts: cf, Err: ErrConflict}
-		}
-	}
 	resolved, err := readRebase(work)
 	if err != nil {
 		x.closeTrees()
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
+	checked := cs
 	cs = withMissingDirs(x.orig, cs, opt.Force, resolved)
 	x.changes = cs.Changes
 	steps := plan(cs)
@@ -157,19 +152,34 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	if opt.Applied != nil {
 		x.own = opt.Applied.own
 	}
-	x.fault("checked")
+	x.fault("planned")
+	// What the original holds where the apply will back up or set
+	// metadata is recorded before the conflict check, not after: a write
+	// made after the record is then a conflict of the check or, once the
+	// check is over, of the apply (which compares with the record). The
+	// other way round, a write between the two was neither, and the
+	// backups took it away.
+	var heldErr error
 	if err := onOneMount(x.orig, steps); err != nil {
-		x.closeTrees()
-		return nil, err
-	}
-	if x.held, err = heldObjects(x.orig, steps, newRenames(cs)); err != nil {
-		x.closeTrees()
-		if ce := (*Error)(nil); errors.As(err, &ce) {
-			return nil, ce
-		}
-		return nil, &Error{Stage: StagePrepare, Err: err}
+		heldErr = err
+	} else {
+		x.held, heldErr = heldObjects(x.orig, steps, newRenames(cs))
 	}
 	x.fault("held")
+	if !opt.Force {
+		if cf := conflicts(x.orig, cfg.Upper, checked, bases(cfg, checked.Bases()), checked.Bases()); len(cf) > 0 {
+			x.closeTrees()
+			return nil, &Error{Stage: StagePrepare, Conflicts: cf, Err: ErrConflict}
+		}
+	}
+	x.fault("checked")
+	if heldErr != nil {
+		x.closeTrees()
+		if ce := (*Error)(nil); errors.As(heldErr, &ce) {
+			return nil, ce
+		}
+		return nil, &Error{Stage: StagePrepare, Err: heldErr}
+	}
 	if err := x.stage(cs, steps); err != nil {
 		x.discardStage()
 		x.closeTrees()
