@@ -206,6 +206,13 @@ func (x *Txn) Undo() error {
 	if err := x.rebase(); err != nil {
 		return &Error{Stage: StageUndo, Err: fmt.Errorf("record the restored state: %w", err)}
 	}
+	// The original as it was must be on disk before the backups and the
+	// undo log go: else a crash could leave it as the apply left it (made
+	// durable by Sync) with nothing to undo it from. The transaction
+	// directory is on the original's mount.
+	if err := x.orig.syncfs(); err != nil {
+		return &Error{Stage: StageUndo, Kept: x.log.Txn, Err: fmt.Errorf("sync the original: %w", err)}
+	}
 	x.discardStage()
 	x.close()
 	if err := removeUndoLog(x.work); err != nil {

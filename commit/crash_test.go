@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sbxfs/sbxfs/fsutil/fsutiltest"
 	"github.com/sbxfs/sbxfs/layers"
 )
 
@@ -170,4 +171,47 @@ func TestRecoveryAfterRestoreKeepsOriginalDirectory(t *testing.T) {
 	_, err = Recover(s.cfg, RecoverOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, old, snapshotTimes(t, s.orig), "the restored directory is kept")
+}
+
+// TestPowerCutAfterAnUndoKeepsTheOriginal: the original is on a
+// filesystem of its own (the commit stages in ORIGINAL/.sbxfs-txn-ID).
+// Another writer writes, through a descriptor it held open, to a file
+// the apply moved into the backups: Sync finds it (after making the
+// applied state durable), and the commit is undone and refused. Then the
+// power goes. The original must come back as the other writer left it,
+// not as the apply did: until 2026-11-28 the undo's renames were not
+// synced before the undo log went, so the power cut left the applied
+// state and no undo log, and the next command's clean-up removed the
+// backups with the other writer's write in them (found by review).
+func TestPowerCutAfterAnUndoKeepsTheOriginal(t *testing.T) {
+	const opts = "commit=60"
+	fs := fsutiltest.MountExt4(t, opts, "-O", "has_journal")
+	s := newSandboxIn(t, fs, t.TempDir(), map[string]string{"f": "ORIGINAL f", "g": "ORIGINAL g"})
+	s.write("f", "sandbox f")
+	s.write("g", "sandbox g")
+	s.done()
+	require.NoError(t, exec.Command("sync").Run())
+	held, err := os.OpenFile(filepath.Join(s.orig, "f"), os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer held.Close()
+	x, err := Prepare(s.cfg, Options{Fault: func(p string) {
+		if p == "applied" {
+			_, err := held.WriteAt([]byte("OTHER"), 0) // into the backup
+			require.NoError(t, err)
+		}
+	}})
+	require.NoError(t, err)
+	require.ErrorIs(t, Commit(x), ErrConflict)
+	require.NoError(t, held.Close())
+
+	fsutiltest.PowerCutExt4(t, fs, opts)
+	r, err := Recover(s.cfg, RecoverOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "none", r.Action)
+	for p, want := range map[string]string{"f": "OTHERNAL f", "g": "ORIGINAL g"} {
+		b, err := os.ReadFile(filepath.Join(s.orig, p))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(b), "%s after the power cut", p)
+	}
+	assert.Equal(t, []string{"f", "g"}, names(t, s.orig), "the original holds its files and nothing of the commit's")
 }
