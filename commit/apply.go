@@ -3,7 +3,6 @@ package commit
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"strings"
 	"time"
@@ -439,10 +438,8 @@ func (x *Txn) MarkCommitted() error {
 // transaction, then its undo log.
 func (x *Txn) Finish() error {
 	defer x.close()
-	if x.log.Txn != "" {
-		if err := os.RemoveAll(x.log.Txn); err != nil {
-			return &Error{Stage: StageFinish, Kept: x.log.Txn, Err: err}
-		}
+	if err := x.removeStage(); err != nil {
+		return &Error{Stage: StageFinish, Kept: x.log.Txn, Err: err}
 	}
 	x.fault("cleaned")
 	if err := ForgetBases(x.work); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sbxfs/sbxfs/fsutil/fsutiltest"
 	"github.com/sbxfs/sbxfs/internal/immutable"
 	"github.com/sbxfs/sbxfs/layers"
 )
@@ -833,5 +834,70 @@ func TestWriteAtEachPointOfPrepareIsKept(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, "a", string(b), "nothing of the sandbox's applied")
 		})
+	}
+}
+
+// TestTxnDirSwappedForASymlinkDuringStaging: the original is on another
+// filesystem than the sandbox, so the commit stages copies in
+// ORIGINAL/.sbxfs-txn-ID. Once it is made, another process that may
+// write the original's root moves it out of the original and puts a
+// symlink to a directory of its own there, with a file of its own. The
+// staging must go on into the directory it made (private, wherever it
+// is), never through the symlink: nothing of the sandbox's lands in the
+// other process's directory, and its file keeps its mode. Until
+// 2026-11-28 the staging made and chmodded each copy by path: every
+// copy after the swap was made in the other directory (a setuid file
+// too), and a symlink put at a copy's name between its creation and its
+// chmod had the root committer chmod the symlink's target (found by
+// review, by racing a real swap).
+func TestTxnDirSwappedForASymlinkDuringStaging(t *testing.T) {
+	fs := fsutiltest.MountExt4(t, "", "-O", "has_journal")
+	s := newSandboxIn(t, fs, t.TempDir(), map[string]string{"keep": "k"})
+	for i := range 20 {
+		s.write(fmt.Sprintf("f%02d", i), "sandbox data")
+	}
+	s.write("suid", "a program")
+	s.chmod("suid", 0o4755)
+	s.symlink("f00", "link")
+	s.done()
+	other := filepath.Join(fs, "other")
+	require.NoError(t, os.Mkdir(other, 0o777))
+	for _, sub := range []string{"b", "s", "m"} {
+		require.NoError(t, os.Mkdir(filepath.Join(other, sub), 0o777))
+	}
+	victim := filepath.Join(other, "victim")
+	writeFile(t, victim, "the other process's file")
+	require.NoError(t, os.Chmod(victim, 0o600))
+	moved := filepath.Join(fs, "moved")
+	x, err := Prepare(s.cfg, Options{Fault: func(p string) {
+		if p != "staging" {
+			return
+		}
+		dirs, err := filepath.Glob(filepath.Join(s.orig, ".sbxfs-txn-*"))
+		require.NoError(t, err)
+		require.Len(t, dirs, 1, "the transaction directory is in the original")
+		require.NoError(t, os.Rename(dirs[0], moved))
+		require.NoError(t, os.Symlink(other, dirs[0]))
+	}})
+	if err == nil {
+		err = Commit(x)
+	}
+	t.Logf("commit: %v", err)
+	for _, sub := range []string{"b", "s", "m"} {
+		ents, rerr := os.ReadDir(filepath.Join(other, sub))
+		require.NoError(t, rerr)
+		assert.Empty(t, ents, "nothing of the commit's in the other process's %s", sub)
+	}
+	st, rerr := os.Stat(victim)
+	require.NoError(t, rerr)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "the other process's file keeps its mode")
+	assert.Equal(t, "the other process's file", readFile(t, victim))
+	if err == nil {
+		// Staged through the moved directory, applied: the original
+		// holds the sandbox's files.
+		assert.Equal(t, "sandbox data", readFile(t, filepath.Join(s.orig, "f19")))
+		st, rerr := os.Lstat(filepath.Join(s.orig, "suid"))
+		require.NoError(t, rerr)
+		assert.Equal(t, os.FileMode(0o755)|os.ModeSetuid, st.Mode()&(os.ModePerm|os.ModeSetuid))
 	}
 }

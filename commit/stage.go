@@ -14,30 +14,36 @@ import (
 // stageObject puts the upper object at upper (whose lstat is ust) into txn
 // at slot, and returns the staged object's lstat: a hard link
 // when they share a filesystem (O(1), no data copied), else a copy with
-// its metadata. The overlay attributes must not reach the original: they
-// are returned, to be removed just before the object moves in (and put
-// back by an undo: a linked object shares its inode with the upper).
+// its metadata. Everything is made and set through descriptors beneath
+// txn's (openTxnDir checked that nobody else can write in it): a
+// transaction directory in the original's root that another process
+// renames away or swaps for a symlink takes nothing of the sandbox's
+// anywhere else. The overlay attributes must not reach the original: a
+// linked object's are returned, to be removed just before it moves in
+// (and put back by an undo: it shares its inode with the upper); a copy
+// never gets them.
 func stageObject(upper string, ust *unix.Stat_t, txn *tree, slot string, sameFS bool) (unix.Stat_t, map[string][]byte, error) {
-	dst := filepath.Join(txn.root, slot)
 	var st unix.Stat_t
-	var err error
-	if sameFS {
-		err = unix.Linkat(unix.AT_FDCWD, upper, unix.AT_FDCWD, dst, 0)
-	} else {
-		err = copyObject(upper, dst)
-	}
+	dfd, name, err := txn.parent(slot)
 	if err != nil {
 		return st, nil, fmt.Errorf("stage %s: %w", upper, err)
 	}
-	strip, err := overlayAttrs(dst)
+	defer unix.Close(dfd)
+	if !sameFS {
+		if err := copyObject(upper, dfd, name); err != nil {
+			return st, nil, fmt.Errorf("stage %s: %w", upper, err)
+		}
+		err = unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		return st, nil, err
+	}
+	if err := unix.Linkat(unix.AT_FDCWD, upper, dfd, name, 0); err != nil {
+		return st, nil, fmt.Errorf("stage %s: %w", upper, err)
+	}
+	strip, err := overlayAttrs(upper) // the staged object's own inode
 	if err != nil {
 		return st, strip, fmt.Errorf("stage %s: %w", upper, err)
 	}
-	if sameFS {
-		return *ust, strip, nil // the upper's own inode: its ctime and link count aside, as it was
-	}
-	err = unix.Lstat(dst, &st)
-	return st, strip, err
+	return *ust, strip, nil // the upper's own inode: its ctime and link count aside, as it was
 }
 
 // openUpperObj opens (O_PATH, never following it) the object at rel in
@@ -76,7 +82,8 @@ func overlayAttrs(path string) (map[string][]byte, error) {
 	return out, nil
 }
 
-// stripAttrs removes the overlay attributes of a staged object.
+// stripAttrs removes the overlay attributes of a staged object (a
+// linked one, so in the private work directory).
 func stripAttrs(txn *tree, s *step) error {
 	p := filepath.Join(txn.root, s.staged())
 	for n := range s.Strip {
@@ -108,16 +115,18 @@ func restoreStripped(txn *tree, steps []step) {
 	}
 }
 
-// copyObject copies the upper object src to dst on another filesystem,
-// with owner, mode, user attributes and times.
-func copyObject(src, dst string) error {
+// copyObject copies the upper object src to name in the directory dfd,
+// on another filesystem, with owner, mode, user attributes and times.
+// dfd is a directory only this process writes in (openTxnDir), so the
+// name it just made is the object it made.
+func copyObject(src string, dfd int, name string) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return err
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		if err := copyFile(src, dst, &st); err != nil {
+		if err := copyFile(src, dfd, name); err != nil {
 			return err
 		}
 	case unix.S_IFLNK:
@@ -126,33 +135,33 @@ func copyObject(src, dst string) error {
 		if err != nil {
 			return err
 		}
-		if err := unix.Symlink(string(buf[:n]), dst); err != nil {
+		if err := unix.Symlinkat(string(buf[:n]), dfd, name); err != nil {
 			return err
 		}
 	default:
-		if err := unix.Mknod(dst, st.Mode, int(st.Rdev)); err != nil {
+		if err := unix.Mknodat(dfd, name, st.Mode, int(st.Rdev)); err != nil {
 			return err
 		}
 	}
-	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil && !errors.Is(err, unix.EPERM) {
+	if err := unix.Fchownat(dfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.EPERM) {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
-		if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
+		if err := unix.Fchmodat(dfd, name, st.Mode&0o7777, 0); err != nil {
 			return err
 		}
 	}
 	ts := []unix.Timespec{st.Atim, st.Mtim}
-	return unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW)
+	return unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-func copyFile(src, dst string, st *unix.Stat_t) error {
+func copyFile(src string, dfd int, name string) error {
 	in, err := unix.Open(src, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(in)
-	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	out, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}

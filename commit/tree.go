@@ -146,7 +146,7 @@ func (t *tree) openObj(rel string) (int, error) {
 // syncfs flushes the whole filesystem holding t (one call, whatever the
 // number of files staged or moved).
 func (t *tree) syncfs() error {
-	fd, err := unix.Open(t.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(t.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}

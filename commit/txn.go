@@ -31,7 +31,7 @@ type Options struct {
 
 // FaultPoints are the named points between the steps of a commit and of
 // its recovery, in order.
-var FaultPoints = []string{"planned", "held", "checked", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
+var FaultPoints = []string{"planned", "held", "checked", "staging", "staged", "prepared", "applying", "applied", "committed", "cleaned"}
 
 // RecoveryFaultPoints are the named points inside an undo.
 var RecoveryFaultPoints = []string{"undoing"}
@@ -287,15 +287,16 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 		}
 		return err
 	}
+	if x.txn, err = openTxnDir(dir); err != nil {
+		return err // not ours: left alone (x.log.Txn unset)
+	}
 	x.log.Txn = dir
 	for _, sub := range []string{"b", "s", "m"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+		if err := x.txn.mkdir(sub, 0o700); err != nil {
 			return err
 		}
 	}
-	if x.txn, err = openTree(dir); err != nil {
-		return err
-	}
+	x.fault("staging")
 	r := newRenames(cs)
 	x.log.Steps = steps
 	staged := map[[2]uint64]*step{} // upper inode -> its first install
@@ -473,12 +474,61 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, 
 	return nil
 }
 
+// openTxnDir opens a transaction directory, refusing one that is not a
+// directory only this process's user may enter: in the original's root
+// another process may rename the one the commit made away and put its
+// own or a symlink there. Everything the commit stages, moves and removes
+// in it goes through the descriptor (tree), so what was made goes on
+// landing in the private directory wherever it is moved, never through a
+// symlink.
+func openTxnDir(dir string) (*tree, error) {
+	t, err := openTree(dir)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(t.fd, &st); err != nil {
+		t.close()
+		return nil, err
+	}
+	if int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+		t.close()
+		return nil, fmt.Errorf("transaction directory %s is not the private one the commit made (owner %d, mode %#o): another process put it there; "+
+			"remove it if it is not yours and commit again", dir, st.Uid, st.Mode&0o7777)
+	}
+	return t, nil
+}
+
 // discardStage removes the transaction directory of a commit that never
 // reached the original (nothing in it is the original's).
 func (x *Txn) discardStage() {
 	if x.log.Txn != "" {
 		restoreStripped(x.txn, x.log.Steps)
-		_ = os.RemoveAll(x.log.Txn)
+		_ = x.removeStage()
+	}
+}
+
+// removeStage removes what the transaction directory holds, through its
+// descriptor (wherever another process may have moved it), then its
+// name, if that still names a private directory of this user's.
+func (x *Txn) removeStage() error {
+	if x.txn == nil {
+		return nil
+	}
+	if err := fsutil.RemoveContentsAt(x.txn.fd); err != nil {
+		return err
+	}
+	removeTxnDir(x.log.Txn)
+	return nil
+}
+
+// removeTxnDir removes the transaction directory dir with what it holds,
+// unless what is there now is not a private directory of this user's
+// (another process's, put in its place in the original's root).
+func removeTxnDir(dir string) {
+	if t, err := openTxnDir(dir); err == nil {
+		t.close()
+		_ = os.RemoveAll(dir)
 	}
 }
 
@@ -499,9 +549,10 @@ func cleanStale(cfg layers.Config, keep string) {
 		}
 	}
 	for _, d := range dirs {
-		if d != keep {
-			_ = os.RemoveAll(d)
+		if d == keep {
+			continue
 		}
+		removeTxnDir(d)
 	}
 	if keep == "" {
 		_ = os.Remove(pending)
