@@ -997,3 +997,33 @@ func TestConflictAtTheReplacedPlaceOfARemovedObject(t *testing.T) {
 		})
 	}
 }
+
+// TestUserOverlayAttributesReachTheOriginal: a sandbox made as root keeps
+// its layout in trusted.overlay.*, and user.overlay.* is a user's
+// attribute like any other (the mount shows it, as kernel overlayfs
+// without userxattr does): set in the sandbox, it reaches the original;
+// one the original has stays when the sandbox changes its file. Until
+// 2026-11-28 the commit dropped both overlay namespaces whichever the
+// sandbox kept its layout in: both were lost (found by a probe). In a
+// sandbox kept in user.overlay.* they are the layout's, and never reach
+// the original (TestCrashAtEveryPointWithANewTree checks).
+func TestUserOverlayAttributesReachTheOriginal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a layout in trusted.overlay.* needs root")
+	}
+	s := newSandbox(t, map[string]string{"f": "f", "g": "g"})
+	for _, root := range []string{s.orig, s.ref} {
+		require.NoError(t, unix.Lsetxattr(filepath.Join(root, "g"), "user.overlay.mine", []byte("the original's"), 0))
+	}
+	s.setxattr("f", "user.overlay.note", "set in the sandbox")
+	s.write("g", "sandbox g")
+	s.done()
+	require.NoError(t, commitAll(t, s.cfg, Options{}))
+	assert.Equal(t, snapshot(t, s.ref), snapshot(t, s.orig))
+	for p, want := range map[string]string{"f": "user.overlay.note=set in the sandbox", "g": "user.overlay.mine=the original's"} {
+		name, value, _ := strings.Cut(want, "=")
+		v, err := fsutil.LGetXattr(filepath.Join(s.orig, p), name)
+		require.NoError(t, err, "%s of %s", name, p)
+		assert.Equal(t, value, string(v))
+	}
+}

@@ -353,7 +353,7 @@ func sameAttrs(orig *tree, rel, upper, upperRel string) bool {
 		return false
 	}
 	defer unix.Close(fd)
-	u, err := metaOf(fd)
+	u, err := metaOf(fd, orig.isLayout)
 	if err != nil {
 		return false
 	}

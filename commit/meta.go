@@ -15,14 +15,9 @@ import (
 // path: it reaches exactly that inode, never a symlink's target.
 func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
 
-// isOverlayAttr reports the attributes of the upper layout, which never
-// reach an original.
-func isOverlayAttr(name string) bool {
-	return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay.")
-}
-
-// metaOf reads the metadata of the object open as fd (O_PATH).
-func metaOf(fd int) (*meta, error) {
+// metaOf reads the metadata of the object open as fd (O_PATH), without
+// the attributes layout says are the upper layout's.
+func metaOf(fd int, layout func(name string) bool) (*meta, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, err
@@ -42,7 +37,7 @@ func metaOf(fd int) (*meta, error) {
 		return nil, err
 	}
 	for _, n := range names {
-		if isOverlayAttr(n) {
+		if layout(n) {
 			continue
 		}
 		v, err := getXattr(procPath(fd), n)
@@ -64,7 +59,7 @@ func (t *tree) metaAt(rel string) (*meta, error) {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	return metaOf(fd)
+	return metaOf(fd, t.isLayout)
 }
 
 // errNotTheObject: the object at a metadata step's path is not the one
@@ -108,7 +103,7 @@ func (t *tree) setMeta(rel string, m *meta, ino uint64) error {
 	if err := unix.Chmod(p, m.Mode&0o7777); err != nil {
 		return err
 	}
-	if err := setXattrs(p, m.Xattrs); err != nil {
+	if err := setXattrs(p, m.Xattrs, t.isLayout); err != nil {
 		return err
 	}
 	if err := setMetaFlags(fd, m.Flags); err != nil {
@@ -159,13 +154,15 @@ func setMetaFlags(fd int, want *uint32) error {
 	return nil
 }
 
-func setXattrs(p string, want map[string][]byte) error {
+// setXattrs gives p the attributes want, removing the others but for the
+// upper layout's (layout) and security.* ones.
+func setXattrs(p string, want map[string][]byte, layout func(name string) bool) error {
 	have, err := listXattrs(p)
 	if err != nil && !errors.Is(err, unix.ENOTSUP) {
 		return err
 	}
 	for _, n := range have {
-		if _, keep := want[n]; !keep && !isOverlayAttr(n) && !strings.HasPrefix(n, "security.") {
+		if _, keep := want[n]; !keep && !layout(n) && !strings.HasPrefix(n, "security.") {
 			if err := unix.Removexattr(p, n); err != nil && !errors.Is(err, unix.ENODATA) {
 				return err
 			}
@@ -226,7 +223,7 @@ func (t *tree) setRootMeta(m *meta) error {
 	if err := unix.Chmod(p, m.Mode&0o7777); err != nil {
 		return err
 	}
-	if err := setXattrs(p, m.Xattrs); err != nil {
+	if err := setXattrs(p, m.Xattrs, t.isLayout); err != nil {
 		return err
 	}
 	if err := setMetaFlags(t.fd, m.Flags); err != nil {

@@ -81,7 +81,7 @@ func TestNewTreeIsStagedInItsTopDirectory(t *testing.T) {
 		attrs, err := fsutil.LListXattrs(filepath.Join(s.orig, n))
 		require.NoError(t, err)
 		for _, a := range attrs {
-			assert.False(t, isOverlayAttr(a), "%s reached the original with %s", n, a)
+			assert.False(t, s.cfg.LayoutXattr(a), "%s reached the original with %s", n, a)
 		}
 	}
 }

@@ -73,7 +73,12 @@ func Recover(cfg layers.Config, opt RecoverOptions) (Recovery, error) {
 	if x.orig, err = openTree(l.Original); err != nil {
 		return Recovery{}, &Error{Stage: StageRecover, Err: err}
 	}
-	if x.txn, err = openTxnDir(l.Txn); err != nil {
+	x.orig.layout = cfg.LayoutXattr
+	x.txn, err = openTxnDir(l.Txn)
+	if err == nil {
+		x.txn.layout = cfg.LayoutXattr
+	}
+	if err != nil {
 		x.close()
 		if !errors.Is(err, os.ErrNotExist) {
 			return Recovery{}, &Error{Stage: StageRecover, Err: err}

@@ -57,6 +57,7 @@ func Resolve(cfg layers.Config, paths []string) (resolved, left []Conflict, err 
 	if err != nil {
 		return nil, nil, err
 	}
+	orig.layout = cfg.LayoutXattr
 	defer orig.close()
 	for _, p := range paths {
 		n := 0
@@ -137,6 +138,7 @@ func conflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]conflict, error) {
 	if err != nil {
 		return nil, err
 	}
+	orig.layout = cfg.LayoutXattr
 	defer orig.close()
 	return findConflicts(orig, cfg.Upper, cs, bases(cfg, journal), journal), nil
 }

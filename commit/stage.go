@@ -30,7 +30,7 @@ func stageObject(upper string, ust *unix.Stat_t, txn *tree, slot string, sameFS 
 	}
 	defer unix.Close(dfd)
 	if !sameFS {
-		if err := copyObject(upper, dfd, name); err != nil {
+		if err := copyObject(upper, dfd, name, txn.isLayout); err != nil {
 			return st, nil, fmt.Errorf("stage %s: %w", upper, err)
 		}
 		err = unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
@@ -39,7 +39,7 @@ func stageObject(upper string, ust *unix.Stat_t, txn *tree, slot string, sameFS 
 	if err := unix.Linkat(unix.AT_FDCWD, upper, dfd, name, 0); err != nil {
 		return st, nil, fmt.Errorf("stage %s: %w", upper, err)
 	}
-	strip, err := overlayAttrs(upper) // the staged object's own inode
+	strip, err := overlayAttrs(upper, txn.isLayout) // the staged object's own inode
 	if err != nil {
 		return st, strip, fmt.Errorf("stage %s: %w", upper, err)
 	}
@@ -57,7 +57,7 @@ func openUpperObj(upper, rel string) (int, error) {
 	return unix.Open(up.Path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 }
 
-func overlayAttrs(path string) (map[string][]byte, error) {
+func overlayAttrs(path string, layout func(name string) bool) (map[string][]byte, error) {
 	names, err := fsutil.LListXattrs(path)
 	if err != nil {
 		if errors.Is(err, unix.ENOTSUP) {
@@ -67,7 +67,7 @@ func overlayAttrs(path string) (map[string][]byte, error) {
 	}
 	var out map[string][]byte
 	for _, n := range names {
-		if !isOverlayAttr(n) {
+		if !layout(n) {
 			continue
 		}
 		v, err := fsutil.LGetXattr(path, n)
@@ -119,14 +119,14 @@ func restoreStripped(txn *tree, steps []step) {
 // on another filesystem, with owner, mode, user attributes and times.
 // dfd is a directory only this process writes in (openTxnDir), so the
 // name it just made is the object it made.
-func copyObject(src string, dfd int, name string) error {
+func copyObject(src string, dfd int, name string, layout func(name string) bool) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return err
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		if err := copyFile(src, dfd, name); err != nil {
+		if err := copyFile(src, dfd, name, layout); err != nil {
 			return err
 		}
 	case unix.S_IFLNK:
@@ -155,7 +155,7 @@ func copyObject(src string, dfd int, name string) error {
 	return unix.UtimesNanoAt(dfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-func copyFile(src string, dfd int, name string) error {
+func copyFile(src string, dfd int, name string, layout func(name string) bool) error {
 	in, err := unix.Open(src, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -170,5 +170,5 @@ func copyFile(src string, dfd int, name string) error {
 		return err
 	}
 	fsutil.CopyFlags(out, in)
-	return fsutil.CopyXattrs(out, in, isOverlayAttr)
+	return fsutil.CopyXattrs(out, in, layout)
 }

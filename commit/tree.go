@@ -18,6 +18,18 @@ import (
 type tree struct {
 	root string
 	fd   int // O_PATH|O_DIRECTORY
+	// layout says which attributes are the upper layout's
+	// (layers.Config.LayoutXattr of the sandbox): they never reach the
+	// original, and the commit never removes them from it. Nil: both
+	// overlay namespaces.
+	layout func(name string) bool
+}
+
+func (t *tree) isLayout(name string) bool {
+	if t.layout == nil {
+		return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay.")
+	}
+	return t.layout(name)
 }
 
 func openTree(root string) (*tree, error) {

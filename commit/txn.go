@@ -139,6 +139,7 @@ func prepare(cfg layers.Config, opt Options, lock int) (*Txn, error) {
 	if x.orig, err = openTree(cfg.Lowers[0]); err != nil {
 		return nil, &Error{Stage: StagePrepare, Err: err}
 	}
+	x.orig.layout = cfg.LayoutXattr
 	resolved, err := readRebase(work)
 	if err != nil {
 		x.closeTrees()
@@ -290,6 +291,7 @@ func (x *Txn) stage(cs layers.ChangeSet, steps []step) error {
 	if x.txn, err = openTxnDir(dir); err != nil {
 		return err // not ours: left alone (x.log.Txn unset)
 	}
+	x.txn.layout = x.orig.layout
 	x.log.Txn = dir
 	for _, sub := range []string{"b", "s", "m"} {
 		if err := x.txn.mkdir(sub, 0o700); err != nil {
@@ -439,7 +441,7 @@ func (x *Txn) fill(s *step, r renames, sameFS bool, staged map[[2]uint64]*step, 
 		if err != nil {
 			return err
 		}
-		s.New, err = metaOf(fd)
+		s.New, err = metaOf(fd, x.orig.isLayout)
 		unix.Close(fd)
 		if err != nil {
 			return err

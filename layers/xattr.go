@@ -41,9 +41,21 @@ func newXattrNames(user bool) xattrNames {
 }
 
 // Private reports whether name is an attribute of the upper layout, hidden
-// from users of the mount (as overlayfs hides its own).
+// from users of the mount (as overlayfs hides its own): the
+// Config.LayoutXattr of the stack's configuration.
 func (l *Layers) Private(name string) bool {
 	return strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, l.ns.overlay)
+}
+
+// LayoutXattr reports whether name is an attribute of the upper layout of
+// a sandbox with this configuration, which never reaches an original:
+// trusted.overlay.* always (hidden from the mount, as overlayfs hides
+// it), and user.overlay.* when the sandbox keeps its layout there
+// (UserXattrs, or not root). A sandbox kept in trusted.overlay.* shows
+// user.overlay.* as an attribute like any other, and its commit carries
+// it.
+func (cfg Config) LayoutXattr(name string) bool {
+	return strings.HasPrefix(name, "trusted.overlay.") || cfg.userXattrs() && strings.HasPrefix(name, "user.overlay.")
 }
 
 var now = func() time.Time { return time.Now().UTC() }
