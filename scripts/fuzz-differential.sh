@@ -14,6 +14,10 @@
 # FAIL with the seed and options, which rerun it:
 #   go test ./tests -run 'TestDifferential|TestHostileSymlinkSwapDuringCommit' -args -seed S OPTIONS
 # touch DIR/stop to end after the run in progress.
+# The runs test a copy of the working tree made at the start
+# (DIR/src, without what .gitignore leaves out): the tests build the CLI
+# and their stand-in servers from the source at every run, and an edit
+# made meanwhile would otherwise give some runs a half-edited server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
@@ -34,6 +38,9 @@ fi
 
 mkdir -p "$out"
 rm -f "$out/stop"
+src=$out/src
+rsync -a --delete --exclude=.git --filter=':- .gitignore' ./ "$src/"
+cd "$src"
 bin=$out/differential.test
 go test -race -c -o "$bin" ./tests
 
