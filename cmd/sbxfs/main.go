@@ -91,7 +91,8 @@ Mount helper form: with /sbin/mount.fuse.sbxfs linked to sbxfs
 lowerdir may list several layers, top first (A:B:C); workdir must be on
 the file system of upperdir. The generic options (rw, defaults, noauto,
 nofail, _netdev, user, x-*, allow_other, dev, suid, ...) are accepted; ro
-is refused. As root, allow_other is on.
+is refused. In this form, as root, allow_other is on; 'sbxfs mount' lets
+other users in only with --allow-other.
 
 State root (for sandboxes made without --upper): --state-dir, else
 $SBXFS_STATE_DIR, else /var/lib/sbxfs for root, else
