@@ -346,3 +346,52 @@ func processUses(dir string, dev uint64) bool {
 	want := fmt.Sprintf(" %02x:%02x ", major, minor)
 	return strings.Contains(string(maps), want)
 }
+
+// FUSEUser returns the user_id= of a FUSE mount: the user who mounted it,
+// as the mounting user namespace numbers it.
+func (e *MountEntry) FUSEUser() (uint32, bool) {
+	for _, o := range strings.Split(e.SuperOpts, ",") {
+		if v, ok := strings.CutPrefix(o, "user_id="); ok {
+			n, err := strconv.ParseUint(v, 10, 32)
+			return uint32(n), err == nil
+		}
+	}
+	return 0, false
+}
+
+// MountedByMe reports whether the FUSE mount e was made by this process's
+// effective user. Anyone may mount a FUSE file system with any type and
+// source name (fusermount3), so neither says whose a mount is. A process
+// in a user namespace of its own sees a mount made outside it under the
+// outside uid: that uid counts as its own too (/proc/self/uid_map).
+func (e *MountEntry) MountedByMe() bool {
+	u, ok := e.FUSEUser()
+	if !ok {
+		return false
+	}
+	euid := uint32(os.Geteuid())
+	return u == euid || u == outsideUID(euid)
+}
+
+// outsideUID maps uid of this user namespace to the namespace above, as
+// /proc/self/uid_map says (uid itself in the initial namespace, or when
+// the map cannot be read).
+func outsideUID(uid uint32) uint32 {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return uid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		in, err1 := strconv.ParseUint(f[0], 10, 32)
+		out, err2 := strconv.ParseUint(f[1], 10, 32)
+		n, err3 := strconv.ParseUint(f[2], 10, 32)
+		if err1 == nil && err2 == nil && err3 == nil && uint64(uid) >= in && uint64(uid)-in < n {
+			return uint32(out + uint64(uid) - in)
+		}
+	}
+	return uid
+}

@@ -1,6 +1,8 @@
 package fsutil
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -109,4 +111,29 @@ func TestMountContaining(t *testing.T) {
 		}
 	}
 	assert.Nil(t, MountContaining(entries[1:], "/x"), "no mount holds it")
+}
+
+func TestFUSEUser(t *testing.T) {
+	for _, tc := range []struct {
+		opts string
+		uid  uint32
+		ok   bool
+	}{
+		{"rw,user_id=0,group_id=0,default_permissions", 0, true},
+		{"rw,user_id=1000,group_id=1000", 1000, true},
+		{"rw,errors=remount-ro", 0, false},
+		{"rw,user_id=x", 0, false},
+	} {
+		e := MountEntry{SuperOpts: tc.opts}
+		uid, ok := e.FUSEUser()
+		if uid != tc.uid || ok != tc.ok {
+			t.Errorf("FUSEUser of %q = %d, %v; want %d, %v", tc.opts, uid, ok, tc.uid, tc.ok)
+		}
+	}
+	me := MountEntry{SuperOpts: fmt.Sprintf("rw,user_id=%d,group_id=0", os.Geteuid())}
+	other := MountEntry{SuperOpts: fmt.Sprintf("rw,user_id=%d,group_id=0", os.Geteuid()+4242)}
+	if !me.MountedByMe() || other.MountedByMe() || (&MountEntry{}).MountedByMe() {
+		t.Errorf("MountedByMe: mine %v, another user's %v, no user_id %v; want true, false, false",
+			me.MountedByMe(), other.MountedByMe(), (&MountEntry{}).MountedByMe())
+	}
 }

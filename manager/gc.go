@@ -147,7 +147,7 @@ func (m *Manager) gcMounts(res *BatchResult) {
 	sbx := filepath.Join(m.root, "sandboxes")
 	for _, e := range mounts {
 		id := filepath.Base(filepath.Dir(e.Source))
-		if !within(e.Source, sbx) || m.mountOf(id) != nil || !fsutil.IsStaleMount(e.Mountpoint) {
+		if !ownSbxfs(&e) || !within(e.Source, sbx) || m.mountOf(id) != nil || !fsutil.IsStaleMount(e.Mountpoint) {
 			continue
 		}
 		if err := lazyDetach(e.Mountpoint); err != nil {
@@ -181,7 +181,7 @@ func (m *Manager) detachSource(work string) error {
 		return err
 	}
 	for _, e := range mounts {
-		if e.Source == work {
+		if e.Source == work && ownSbxfs(&e) {
 			if err := lazyDetach(e.Mountpoint); err != nil {
 				return err
 			}

@@ -400,7 +400,7 @@ func (m *Manager) inMountTable(r *record) bool {
 		return true
 	}
 	for _, e := range mounts {
-		if e.Mountpoint == r.Mountpoint && e.Source == m.work(r.ID) {
+		if e.Mountpoint == r.Mountpoint && e.Source == m.work(r.ID) && ownSbxfs(&e) {
 			return true
 		}
 	}
@@ -418,7 +418,7 @@ func (m *Manager) clearMounts(r *record) error {
 		return err
 	}
 	for _, e := range mounts {
-		if e.Source != m.work(r.ID) {
+		if e.Source != m.work(r.ID) || !ownSbxfs(&e) {
 			if e.Mountpoint == r.Mountpoint {
 				return fmt.Errorf("sandbox %s: its mountpoint %s is already a mount point (%s from %s); unmount that first: %w", r.ID, r.Mountpoint, e.FSType, e.Source, unix.EBUSY)
 			}

@@ -15,7 +15,8 @@ import (
 // mountpoint, in the process that serves the others (the testdaemon):
 // its changes show again, a second Mount is refused (already mounted), a
 // mountpoint that is not empty is refused, the manager's own mountpoint
-// is made again when it went away, and the sandbox still commits.
+// is made again when it went away, one a symlink now leads to is refused,
+// and the sandbox still commits.
 func TestMountAgain(t *testing.T) {
 	root := t.TempDir()
 	orig := makeTree(t, fixtureFiles)
@@ -70,6 +71,27 @@ func TestMountAgain(t *testing.T) {
 	require.Empty(t, d.answer().Err)
 	assert.True(t, mounted(d.mnt))
 	assert.Equal(t, "kept", readFile(t, d.mnt, "kept"))
+
+	// A symlink where the mountpoint was, put there by someone who may
+	// write its parent: refused, and what it points to is not covered
+	// (the daemon's mount at its restart goes the same way).
+	d.send("unmount " + d.id)
+	require.Empty(t, d.answer().Err)
+	victim := t.TempDir()
+	t.Cleanup(func() {
+		if mounted(victim) { // only when this test fails
+			_ = lazyDetach(victim)
+		}
+	})
+	require.NoError(t, os.Remove(d.mnt))
+	require.NoError(t, os.Symlink(victim, d.mnt))
+	d.send("mount " + d.id)
+	assert.Contains(t, d.answer().Err, "a symlink on the way")
+	assert.False(t, mounted(victim), "the symlink's target is not covered")
+	require.NoError(t, os.Remove(d.mnt))
+	d.send("mount " + d.id)
+	require.Empty(t, d.answer().Err)
+	assert.True(t, mounted(d.mnt))
 
 	// Mounted again, it commits as any mounted sandbox (frozen, then
 	// unmounted); a committed sandbox does not mount.

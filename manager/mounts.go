@@ -55,6 +55,9 @@ func (m *Manager) mountSandbox(r *record) error {
 	if err := originalThere(r); err != nil {
 		return err
 	}
+	if err := noSymlinkTo(r.Mountpoint); err != nil {
+		return err
+	}
 	cfg, err := m.layersConfig(r.ID)
 	if err != nil {
 		return err
@@ -157,7 +160,7 @@ func (m *Manager) detachStale(r *record, lazy bool) error {
 		return err
 	}
 	for _, e := range mounts {
-		if e.Mountpoint != r.Mountpoint || e.Source != m.work(r.ID) {
+		if e.Mountpoint != r.Mountpoint || e.Source != m.work(r.ID) || !ownSbxfs(&e) {
 			continue
 		}
 		if err := lazyDetach(e.Mountpoint); err != nil && lazy {
@@ -166,6 +169,13 @@ func (m *Manager) detachStale(r *record, lazy bool) error {
 	}
 	return nil
 }
+
+// ownSbxfs reports whether e is an sbxfs mount this process's user made.
+// Anyone may mount a FUSE file system with any type and source name
+// (fusermount3): another user's mount naming one of this manager's work
+// directories is not that sandbox's, and is neither detached nor taken
+// for a server of it.
+func ownSbxfs(e *fsutil.MountEntry) bool { return e.FSType == "fuse.sbxfs" && e.MountedByMe() }
 
 // lazyDetach detaches mnt now; the kernel ends the mount once nothing
 // uses it.

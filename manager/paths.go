@@ -130,6 +130,29 @@ func hasUndoLog(work string) bool {
 	return err == nil
 }
 
+// noSymlinkTo refuses a mountpoint a symlink now leads to. Recorded
+// resolved, it has none on the way unless someone put one there since (a
+// user who may write a directory on the way, pointing it at /etc); and
+// mount(2) follows it: the daemon's next mount of the sandbox, at its
+// restart, covered whatever the symlink named (found by review). What
+// another process swaps in between this look and the mount is not seen.
+func noSymlinkTo(mnt string) error {
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(root)
+	fd, err := fsutil.OpenBeneath(root, strings.TrimPrefix(mnt, "/"), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil // made afresh by the mount, where the manager makes it
+	}
+	if err != nil {
+		return fmt.Errorf("%w: mountpoint %s: a symlink on the way, or not a directory (%v); the sandbox mounts only at the directory it was made with: put that back, or destroy the sandbox", ErrInvalid, mnt, err)
+	}
+	unix.Close(fd)
+	return nil
+}
+
 // mkdirPrivate creates d with mode 0700 whatever the umask.
 func mkdirPrivate(d string) error {
 	if err := os.Mkdir(d, 0o700); err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -144,8 +145,10 @@ func TestCheckMountpoint(t *testing.T) {
 
 func TestCheckSandboxFree(t *testing.T) {
 	t.Parallel()
-	mounts := []fsutil.MountEntry{{Mountpoint: "/m", FSType: fsType, Source: "/s/work"}}
+	mounts := []fsutil.MountEntry{{Mountpoint: "/m", FSType: fsType, Source: "/s/work", SuperOpts: fmt.Sprintf("rw,user_id=%d", os.Geteuid())},
+		{Mountpoint: "/n", FSType: fsType, Source: "/u/work", SuperOpts: fmt.Sprintf("rw,user_id=%d", os.Geteuid()+4242)}}
 	assert.NoError(t, checkSandboxFree(mounts, "/t/work"))
+	assert.NoError(t, checkSandboxFree(mounts, "/u/work"), "another user's mount naming it is not this user's sandbox's")
 	err := checkSandboxFree(mounts, "/s/work")
 	require.Error(t, err)
 	assert.Equal(t, exitBusy, exitCode(err))

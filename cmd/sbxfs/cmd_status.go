@@ -183,8 +183,12 @@ func findSandbox(mounts []fsutil.MountEntry, arg string) (string, error) {
 	if err != nil {
 		return "", failf(exitBadPath, "%q: %v; give a mountpoint or a sandbox directory", arg, err)
 	}
-	if e := fsutil.MountAt(mounts, p); e != nil && isSbxfs(e) {
+	e := fsutil.MountAt(mounts, p)
+	if e != nil && isSbxfs(e) {
 		return e.Source, nil
+	}
+	if msg := othersSbxfs(e); msg != "" {
+		return "", failf(exitNotSbxfs, "%s", msg)
 	}
 	for _, work := range []string{filepath.Join(p, "work"), p} {
 		if _, err := os.Stat(filepath.Join(work, layers.MetaFile)); err == nil {

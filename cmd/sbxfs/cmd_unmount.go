@@ -63,6 +63,8 @@ func runUnmount(c *cli.Context) error {
 	switch {
 	case e == nil:
 		return failf(exitNotSbxfs, "%s is not a mount point, so not an sbxfs mount; give the MOUNTPOINT of 'sbxfs mount'", mnt)
+	case othersSbxfs(e) != "":
+		return failf(exitNotSbxfs, "%s", othersSbxfs(e))
 	case !isSbxfs(e):
 		return failf(exitNotSbxfs, "%s is not an sbxfs mount (it is %s from %s); use umount(8) for it", mnt, e.FSType, e.Source)
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,15 +14,22 @@ import (
 
 func TestSbxfsMountOf(t *testing.T) {
 	t.Parallel()
-	es, err := fsutil.ParseMountinfo(strings.NewReader(`22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-36 22 0:41 / /tmp/with\040space rw,nosuid,nodev - fuse.sbxfs /var/lib/sbxfs/mounts/ab\040cd/work rw
-37 22 0:42 / /tmp/other rw - fuse.other /w rw
-38 22 0:43 / /tmp/s rw - fuse.sbxfs /w rw
-`))
+	me, other := os.Geteuid(), os.Geteuid()+4242
+	es, err := fsutil.ParseMountinfo(strings.NewReader(fmt.Sprintf(`22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+36 22 0:41 / /tmp/with\040space rw,nosuid,nodev - fuse.sbxfs /var/lib/sbxfs/mounts/ab\040cd/work rw,user_id=%d,group_id=0
+37 22 0:42 / /tmp/other rw - fuse.other /w rw,user_id=%d,group_id=0
+38 22 0:43 / /tmp/s rw - fuse.sbxfs /w rw,user_id=%d,group_id=0
+39 22 0:44 / /tmp/theirs rw - fuse.sbxfs /x rw,user_id=%d,group_id=0
+40 22 0:45 / /tmp/mine rw - fuse.sbxfs /x rw,user_id=%d,group_id=0
+`, me, me, me, other, me)))
 	require.NoError(t, err)
 	assert.True(t, isSbxfs(&es[1]))
 	assert.False(t, isSbxfs(&es[2]))
 	assert.Equal(t, 36, sbxfsMountOf(es, "/var/lib/sbxfs/mounts/ab cd/work").ID)
 	assert.Equal(t, 38, sbxfsMountOf(es, "/w").ID, "only sbxfs mounts")
 	assert.Nil(t, sbxfsMountOf(es, "/dev/sda1"))
+	assert.False(t, isSbxfs(&es[4]), "another user's mount of type fuse.sbxfs")
+	assert.Equal(t, 40, sbxfsMountOf(es, "/x").ID, "only the caller's own mounts")
+	assert.Contains(t, othersSbxfs(&es[4]), fmt.Sprintf("another user (uid %d)", other))
+	assert.Empty(t, othersSbxfs(&es[5]))
 }
