@@ -280,7 +280,7 @@ func (c *planCommit) commitNested(lv []*participant, level int) error {
 		err := safely(p.txn.Finish)
 		p.txn = nil
 		if err == nil {
-			err = safely(func() error { return c.m.afterCommit(p, c.opt.Keep) })
+			err = safely(func() error { return c.m.afterCommit(p, c.opt.Keep, c.record.txnOf(p.rec.ID)) })
 		}
 		if p.stillMounted {
 			c.res.StillMounted = append(c.res.StillMounted, p.rec.ID)
@@ -489,7 +489,7 @@ func (c *planCommit) finish(failed error) {
 		if p.done {
 			continue
 		}
-		err := safely(func() error { return c.m.afterCommit(p, c.opt.Keep) })
+		err := safely(func() error { return c.m.afterCommit(p, c.opt.Keep, c.record.txnOf(p.rec.ID)) })
 		if p.stillMounted {
 			c.res.StillMounted = append(c.res.StillMounted, p.rec.ID)
 		}

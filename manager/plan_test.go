@@ -395,6 +395,50 @@ func TestCleanupFailureAfterTheCommitPoint(t *testing.T) {
 	assert.Nil(t, pr)
 }
 
+// TestKeptSandboxIsEndedOnce: a plan committed with Keep, one sandbox's
+// Finish failing after the commit point (a backup that cannot be removed
+// for a moment). That sandbox is reset and kept as the others, and the
+// plan record goes on listing it, unfinished; the user works on in it.
+// The next operation on the plan finishes the transaction, and must not
+// end the sandbox again: until 2026-11-28 it reset it a second time, and
+// the new work was lost (found by review). The sandbox record says after
+// which commit it was ended.
+func TestKeptSandboxIsEndedOnce(t *testing.T) {
+	needRoot(t)
+	m := open(t, t.TempDir(), true)
+	fx := newFixture(t, m, "p", 2)
+	var unset func()
+	_, err := m.CommitPlan(ctx, "p", CommitOptions{Keep: true, Fault: func(p string) {
+		switch p {
+		case "plan-committed":
+			bs, _ := filepath.Glob(filepath.Join(m.work(fx.ids[1]), "txn-*", "b", "*"))
+			require.NotEmpty(t, bs)
+			unset = immutable.Set(t, bs[0])
+		case "finished":
+			unset()
+		}
+	}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "committed, but the cleanup failed")
+	fx.allNew(t)
+	sb, _ := m.Get(fx.ids[1])
+	assert.Equal(t, Active, sb.State)
+	ents, _ := os.ReadDir(sb.Upper)
+	assert.Empty(t, ents, "sandbox 1 is reset already, kept")
+	pr, err := m.readPlanRecord("p")
+	require.NoError(t, err)
+	require.NotNil(t, pr, "the plan record lists the unfinished transaction")
+
+	edit(t, m, fx.ids[1], func(e *editor) { e.write("precious", "new work") })
+	res, err := m.CommitPlan(ctx, "p", CommitOptions{Keep: true})
+	require.NoError(t, err)
+	assert.Contains(t, res.Committed, fx.ids[1])
+	assert.Equal(t, "new work", readFile(t, fx.origs[1], "precious"), "the new work committed, not reset away")
+	pr, err = m.readPlanRecord("p")
+	require.NoError(t, err)
+	assert.Nil(t, pr)
+}
+
 // TestCommitPlanOverHardLinksAcrossOriginals: two originals of a plan
 // share a file by hard links; one sandbox replaces its name, the other
 // removes its own. The first apply moves the shared inode into its

@@ -131,6 +131,16 @@ func (p *planRecord) decide(txn string) (committed, known bool) {
 
 // committed reports whether the record names sandbox id as committed:
 // listed in a committed plan, or marked done.
+// txnOf is the transaction of sandbox id in the plan commit ("" if none).
+func (p *planRecord) txnOf(id string) string {
+	for _, t := range p.Txns {
+		if t.Sandbox == id {
+			return t.Txn
+		}
+	}
+	return ""
+}
+
 func (p *planRecord) committed(id string) bool {
 	if p == nil {
 		return false

@@ -41,6 +41,11 @@ type record struct {
 	Created    time.Time `json:"created"`
 	Updated    time.Time `json:"updated"`
 	Error      string    `json:"error,omitempty"` // why it is errored, or what its last operation left behind
+	// Ended is the transaction of the plan commit after which the
+	// sandbox was last ended (reset and kept, or made Committed): the
+	// next operation on the plan, settling that commit, never ends it
+	// again (a kept one may hold new work by then).
+	Ended string `json:"ended,omitempty"`
 }
 
 // MarshalJSON writes the record's paths byte for byte (fsutil.EncodeRaw):

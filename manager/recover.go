@@ -80,11 +80,12 @@ func (m *Manager) settlePlan(plan string) error {
 	if pr != nil {
 		for i := range order {
 			r := &order[i]
-			if !pr.committed(r.ID) || hasUndoLog(m.work(r.ID)) {
-				continue
+			txn := pr.txnOf(r.ID)
+			if !pr.committed(r.ID) || hasUndoLog(m.work(r.ID)) || txn != "" && r.Ended == txn {
+				continue // not committed, or ended after this commit already
 			}
 			p := &participant{rec: *r, closeCtl: func() {}}
-			if err := m.afterCommit(p, pr.Keep); err != nil {
+			if err := m.afterCommit(p, pr.Keep, txn); err != nil {
 				errs = append(errs, fmt.Errorf("sandbox %s: end after the commit: %w", r.ID, err))
 				unfinished = append(unfinished, r.ID)
 			}
@@ -179,8 +180,14 @@ func (m *Manager) mountParents(r *record) {
 // and journal) and stays active; else it is unmounted, its directories
 // are removed and it is committed. A busy mount that cannot be unmounted
 // is kept, reset, as with keep.
-func (m *Manager) afterCommit(p *participant, keep bool) error {
+func (m *Manager) afterCommit(p *participant, keep bool, txn string) (err error) {
 	r := &p.rec
+	was := r.Ended
+	defer func() {
+		if err != nil {
+			r.Ended = was // not ended: the next operation on the plan does it
+		}
+	}()
 	if !keep {
 		// A busy mount stays frozen through the failed unmount, so no
 		// change lands between the commit and the reset below.
@@ -190,7 +197,7 @@ func (m *Manager) afterCommit(p *participant, keep bool) error {
 			if err := m.purgeDirs(r); err != nil {
 				return err
 			}
-			r.Error = ""
+			r.Error, r.Ended = "", txn
 			return m.moveSave(r, Committed)
 		}
 		m.log.Warn("committed, but the mount is busy: it stays mounted with an empty sandbox", "sandbox", r.ID, "err", err)
@@ -202,7 +209,7 @@ func (m *Manager) afterCommit(p *participant, keep bool) error {
 	if err := r.move(Committed); err != nil {
 		return err
 	}
-	r.Error = ""
+	r.Error, r.Ended = "", txn
 	return m.moveSave(r, Active)
 }
 
