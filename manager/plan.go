@@ -250,6 +250,17 @@ func (c *planCommit) commitNested(lv []*participant, level int) error {
 	if len(ns) == 0 {
 		return nil
 	}
+	// As syncAll does for the others before the plan's commit point: what
+	// the apply moved into the backups must be as it was (a process
+	// writing through the parent's mount, which is not frozen yet, to a
+	// file the child replaces), else the plan is undone. Until 2026-11-28
+	// the check came only after the mark, its conflict was dropped, and
+	// the write went with the backups (found by review).
+	for _, p := range ns {
+		if err := safely(p.txn.Sync); err != nil {
+			return fmt.Errorf("sandbox %s: %w", p.rec.ID, err)
+		}
+	}
 	for _, p := range ns {
 		c.record.markDone(p.rec.ID, true)
 	}
