@@ -9,6 +9,7 @@ import (
 	"time"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/layers"
 )
@@ -126,6 +127,23 @@ func (s *Server) Freeze(wait time.Duration) error {
 	}
 	s.fs.gate.frozen = true
 	s.layers.SetShared(true) // a commit may change the upper now
+	return s.layers.Sync()
+}
+
+// Sync makes what the sandbox holds durable: its upper layer's
+// filesystem (syncfs) and its journal. A syncfs of the mount does not
+// reach this server (the kernel sends FUSE_SYNCFS to virtiofs only), so
+// a commit into this mount (a nested sandbox's) asks for it (the control
+// socket's "sync") before it counts as done.
+func (s *Server) Sync() error {
+	fd, err := unix.Open(s.layers.UpperDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sync the upper: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("sync the upper: %w", err)
+	}
 	return s.layers.Sync()
 }
 

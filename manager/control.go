@@ -31,10 +31,11 @@ type Controlled interface {
 	Thaw()
 	Reset() error
 	Unmount() error
+	Sync() error // the upper and the journal made durable (fuse.Server.Sync)
 }
 
 type request struct {
-	Op     string `json:"op"` // freeze, thaw, reset, unmount, ping
+	Op     string `json:"op"` // freeze, thaw, reset, unmount, sync, ping
 	WaitMs int64  `json:"wait_ms,omitempty"`
 }
 
@@ -149,6 +150,8 @@ func (s *ControlServer) serve(conn net.Conn) {
 			frozen = false
 		case "reset":
 			err = s.c.Reset()
+		case "sync":
+			err = s.c.Sync()
 		case "unmount":
 			// A busy mount stays frozen (fuse.Server.Unmount): the
 			// caller resets it next.
@@ -259,6 +262,9 @@ func (c *Control) Thaw() error { _, err := c.call(request{Op: "thaw"}); return e
 
 // Reset empties the sandbox while it stays mounted (it must be frozen).
 func (c *Control) Reset() error { _, err := c.call(request{Op: "reset"}); return err }
+
+// Sync has the server make its upper and journal durable.
+func (c *Control) Sync() error { _, err := c.call(request{Op: "sync"}); return err }
 
 // Unmount asks the server to unmount; it exits afterwards.
 func (c *Control) Unmount() error { _, err := c.call(request{Op: "unmount"}); return err }

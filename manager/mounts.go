@@ -28,6 +28,7 @@ type controller interface {
 	Thaw()
 	Reset() error
 	Unmount() error
+	Sync() error
 }
 
 // remote adapts a control connection to controller.
@@ -37,6 +38,7 @@ func (r remote) Freeze(wait time.Duration) error { return r.c.Freeze(wait) }
 func (r remote) Thaw()                           { _ = r.c.Thaw() }
 func (r remote) Reset() error                    { return r.c.Reset() }
 func (r remote) Unmount() error                  { return r.c.Unmount() }
+func (r remote) Sync() error                     { return r.c.Sync() }
 
 // originalThere refuses (ErrOriginalMissing) a sandbox whose original is
 // not a directory where it was recorded any more (moved or removed).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/sbxfs/sbxfs/commit"
@@ -261,6 +262,9 @@ func (c *planCommit) commitNested(lv []*participant, level int) error {
 			return fmt.Errorf("sandbox %s: %w", p.rec.ID, err)
 		}
 	}
+	if err := c.syncParents(ns); err != nil {
+		return err
+	}
 	for _, p := range ns {
 		c.record.markDone(p.rec.ID, true)
 	}
@@ -425,6 +429,31 @@ func (c *planCommit) release() {
 		}
 		p.closeCtl()
 	}
+}
+
+// syncParents has the server of every parent of the nested sandboxes ns
+// make its upper and journal durable: their commits wrote into the
+// parents' mounts, and Txn.Sync's syncfs of a mount does not reach its
+// server. Until 2026-11-28 nothing did before the done mark: a power cut
+// then left the nested sandboxes committed and ended, and their changes
+// gone from their parents (found by review).
+func (c *planCommit) syncParents(ns []*participant) error {
+	for _, q := range c.parts {
+		if !slices.ContainsFunc(ns, func(p *participant) bool { return nestedIn(&p.rec, &q.rec) }) {
+			continue
+		}
+		ctl, closeCtl, err := c.m.controller(&q.rec)
+		if err == nil && ctl != nil {
+			err = ctl.Sync()
+		}
+		if closeCtl != nil {
+			closeCtl()
+		}
+		if err != nil {
+			return fmt.Errorf("sandbox %s: make what its nested sandboxes committed into it durable: %w", q.rec.ID, err)
+		}
+	}
+	return nil
 }
 
 // syncAll makes every applied transaction durable in its original and

@@ -9,8 +9,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/fsutil"
+	"github.com/sbxfs/sbxfs/fsutil/fsutiltest"
 	"github.com/sbxfs/sbxfs/manager"
 )
 
@@ -201,4 +203,73 @@ func TestCrashDaemonNestedPlan(t *testing.T) {
 			e.assertNoPlanRecord()
 		})
 	}
+}
+
+// TestPowerCutAfterANestedCommit: the state root (every sandbox's upper
+// and journal) is on a filesystem of its own, whose journal commits only
+// when asked (commit=60); the original is elsewhere. The daemon dies
+// right after the plan record marked B committed into its parent A
+// (nested-committed-0), then the power goes. B is committed and ended
+// by then, so A must hold B's changes after the power cut: the
+// commit into A's mount (staged and renamed through A's server into A's
+// upper and journal) must be on disk before the mark, and a syncfs of the
+// mount never reaches the server. Until 2026-11-28 B's changes were gone
+// from A (found by review); now the plan asks A's server to sync first.
+func TestPowerCutAfterANestedCommit(t *testing.T) {
+	const opts = "commit=60"
+	fs := fsutiltest.MountExt4(t, opts, "-O", "has_journal")
+	t.Cleanup(func() { waitUnused(fs) }) // after the daemon stopped, before the unmount
+	e := newManagedEnv(t, func(e *managedEnv) { e.root = filepath.Join(fs, "state") })
+	pid := e.startFaultyDaemon("nested-committed-0")
+	n := e.nested()
+	syncfsOf(t, fs) // the sandboxes' work is on disk before the commit
+	e.crashCommit(pid)
+	es, err := fsutil.ReadMountinfo()
+	require.NoError(t, err)
+	for _, m := range es {
+		if within(m.Mountpoint, e.root) {
+			abortFuse(t, m.Mountpoint)
+			require.NoError(t, unix.Unmount(m.Mountpoint, unix.MNT_DETACH))
+		}
+	}
+	fsutiltest.PowerCutExt4(t, fs, opts)
+
+	l := e.list() // a new daemon recovers
+	assert.Equal(t, manager.Committed, l[n.b.ID].State)
+	n.assertAllNew(t, n.a.Mountpoint)
+	r := e.sbxfs("commit", "--plan", "p")
+	require.Equal(t, 0, r.code, r.stderr)
+	n.assertAllNew(t, n.orig)
+}
+
+// waitUnused waits (up to 10 s) until no process has a file or its
+// working directory under dir: a killed daemon may still be exiting.
+func waitUnused(dir string) {
+	for range 100 {
+		busy := false
+		ps, _ := filepath.Glob("/proc/[0-9]*")
+		for _, p := range ps {
+			if l, _ := os.Readlink(p + "/cwd"); within(l, dir) {
+				busy = true
+			}
+			fds, _ := filepath.Glob(p + "/fd/*")
+			for _, fd := range fds {
+				if l, _ := os.Readlink(fd); within(l, dir) {
+					busy = true
+				}
+			}
+		}
+		if !busy {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func syncfsOf(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Syncfs(fd))
 }
