@@ -370,11 +370,31 @@ func (x *Txn) Close() { x.close() }
 // commit point: MarkCommitted calls it, and a plan commit calls it for
 // every sandbox before its own.
 func (x *Txn) Sync() error {
+	if err := x.SyncOriginal(); err != nil {
+		return err
+	}
+	return x.CheckBackups()
+}
+
+// SyncOriginal is the first half of Sync: the original's filesystem
+// synced. A plan commit syncs every original first and then checks
+// every sandbox's backups, so that the checks come right before its
+// commit point, not seconds of syncs earlier.
+func (x *Txn) SyncOriginal() error {
 	if len(x.log.Steps) == 0 {
 		return nil
 	}
 	if err := x.orig.syncfs(); err != nil {
 		return &Error{Stage: StageApply, Err: fmt.Errorf("sync the original: %w", err)}
+	}
+	return nil
+}
+
+// CheckBackups is the second half of Sync: every backup holds what the
+// original held, and nothing more.
+func (x *Txn) CheckBackups() error {
+	if len(x.log.Steps) == 0 {
+		return nil
 	}
 	var cf []Conflict
 	for _, b := range x.backups {

@@ -462,12 +462,17 @@ func (c *planCommit) syncParents(ns []*participant) error {
 // original's renames could still be lost to a crash (the record and the
 // originals may be on different filesystems). Fault point "synced".
 func (c *planCommit) syncAll() error {
-	for _, p := range c.parts {
-		if p.txn == nil || p.done {
-			continue
-		}
-		if err := safely(p.txn.Sync); err != nil {
-			return fmt.Errorf("sandbox %s: %w", p.rec.ID, err)
+	// Every original synced first, then every check: a check made before
+	// the others' syncs (seconds, on a busy disk) would leave a write to
+	// its backups in the meantime unseen until after the commit point.
+	for _, step := range []func(*commit.Txn) error{(*commit.Txn).SyncOriginal, (*commit.Txn).CheckBackups} {
+		for _, p := range c.parts {
+			if p.txn == nil || p.done {
+				continue
+			}
+			if err := safely(func() error { return step(p.txn) }); err != nil {
+				return fmt.Errorf("sandbox %s: %w", p.rec.ID, err)
+			}
 		}
 	}
 	return c.fault("synced")
