@@ -461,6 +461,14 @@ func (x *Txn) Finish() error {
 	if err := x.removeStage(); err != nil {
 		return &Error{Stage: StageFinish, Kept: x.log.Txn, Err: err}
 	}
+	if x.log.Txn != "" && x.log.Txn != txnDirFor(x.cfg, x.log.ID, true) && x.orig != nil {
+		// In the original: its removal must be on disk before the undo
+		// log, which names it, goes; else a power cut could bring the
+		// old versions back there with nothing left to clean them up.
+		if err := x.orig.syncfs(); err != nil {
+			return &Error{Stage: StageFinish, Err: fmt.Errorf("sync the original: %w", err)}
+		}
+	}
 	x.fault("cleaned")
 	if err := ForgetBases(x.work); err != nil {
 		return &Error{Stage: StageFinish, Err: err}
