@@ -93,12 +93,30 @@ func inPlaceCommand(spec inPlaceSpec, argv []string) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
+// ownMountNamespace reports whether this process has a mount namespace of
+// its own, not its parent's, as 'sbxfs run --in-place' starts it (true
+// when the parent's cannot be read: nothing to tell by).
+func ownMountNamespace() bool {
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return true
+	}
+	parent, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
+	return err != nil || parent != self
+}
+
 // inPlaceExec is the in-place process: it binds the sandbox over its
 // original, enters the working directory and becomes argv. It returns
 // only when it cannot, with the status 'sbxfs run' documents: 127 when
 // CMD is not found, 126 when it cannot be run (or the bind fails).
 func inPlaceExec(specJSON string, argv []string, stderr io.Writer) int {
 	os.Unsetenv(inPlaceEnv) // not CMD's
+	if !ownMountNamespace() {
+		// Left in an environment passed on (sudo -E, say): what follows
+		// would change the propagation of the machine's own mounts.
+		fmt.Fprintf(stderr, "sbxfs: %s is set, but this process is not the in-place process of 'sbxfs run' (it shares its parent's mount namespace): unset it\n", inPlaceEnv)
+		return 126
+	}
 	var spec inPlaceSpec
 	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil || len(argv) == 0 {
 		fmt.Fprintf(stderr, "sbxfs: run --in-place: bad request from the parent (%v)\n", err)

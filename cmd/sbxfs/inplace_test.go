@@ -216,3 +216,19 @@ grep -c " $PWD " "/proc/$PPID/mountinfo"
 		}
 	})
 }
+
+// TestInPlaceVariableLeftInTheEnvironment: SBXFS_IN_PLACE_EXEC passed on
+// to a command that is not the in-place process (sudo -E, say) is
+// refused before anything is mounted or any mount's propagation changed
+// (found by review).
+func TestInPlaceVariableLeftInTheEnvironment(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(sbxfsBin(t), "true")
+	cmd.Env = append(os.Environ(), inPlaceEnv+`={"mountpoint":"`+dir+`","original":"`+dir+`","dir":"/"}`)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+	assert.Equal(t, 126, ee.ExitCode())
+	assert.Contains(t, string(out), "is not the in-place process of 'sbxfs run'")
+}
