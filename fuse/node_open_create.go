@@ -33,6 +33,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	if err != nil {
 		return nil, 0, n.fs.toErrno("open", err)
 	}
+	if write {
+		if errno := n.fs.syncForDsync(flags); errno != 0 {
+			unix.Close(fd)
+			return nil, 0, errno
+		}
+	}
 	if !wasUpper && upper && n.StableAttr().Gen != 0 {
 		// The copy-up parted a name of an original file with several
 		// links: the kernel's attributes of it (the original's link
@@ -64,6 +70,10 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, n.fs.toErrno("create", err)
 	}
+	if errno := n.fs.syncForDsync(flags); errno != 0 {
+		unix.Close(fd)
+		return nil, nil, 0, errno
+	}
 	ino := n.newChild(ctx, name, &e, out)
 	child, ok := ino.Operations().(*node)
 	if !ok {
@@ -77,6 +87,19 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		n.fs.writers.add(fh.(fileHandle).h(), layers.Join(rel, name))
 	}
 	return ino, fh, fuseFlags, 0
+}
+
+// syncForDsync makes the journal durable for an open with O_SYNC or
+// O_DSYNC (flags), so that the record of the copy-up or creation it just
+// appended is on disk before the first write returns: through
+// passthrough the kernel syncs the upper file itself and no fsync reaches
+// the server, so a power cut after a synced write kept the file in the
+// upper and lost it from the change set (found by a power-cut probe).
+func (fs *filesystem) syncForDsync(flags uint32) syscall.Errno {
+	if flags&unix.O_DSYNC == 0 { // O_SYNC holds the O_DSYNC bit
+		return 0
+	}
+	return fs.toErrno("open O_DSYNC", fs.layers.Sync())
 }
 
 // newHandleLocked wraps fd in a handle. Upper files are served by FUSE
