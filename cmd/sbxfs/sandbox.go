@@ -303,9 +303,12 @@ func checkRecord(work string, m *layers.Meta) error {
 			return failf(exitNotSbxfs, "the sandbox's %s %s is a symlink; sbxfs never makes one (it would work on whatever it points to): replace it by the real directory", d.role, d.path)
 		case !st.IsDir():
 			return failf(exitNotSbxfs, "the sandbox's %s %s is not a directory; restore it, or remove the sandbox directory", d.role, d.path)
-		case int(st.Sys().(*syscall.Stat_t).Uid) != os.Geteuid():
+		case d.path == work && int(st.Sys().(*syscall.Stat_t).Uid) != os.Geteuid():
 			// Its record says which original the commit writes: another
-			// user's record must not steer this user's commit.
+			// user's record must not steer this user's commit. (The
+			// upper's root takes the owner a chown of the mount's root
+			// gives it: only the private work directory says whose the
+			// sandbox is.)
 			return failf(exitNotSbxfs, "the sandbox's %s %s belongs to uid %d, not to you: sbxfs works only on its caller's own sandboxes; run the command as that user",
 				d.role, d.path, st.Sys().(*syscall.Stat_t).Uid)
 		}
