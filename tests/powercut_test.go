@@ -26,7 +26,7 @@ func TestPowerCutAfterSyncedWrites(t *testing.T) {
 	fs := fsutiltest.MountExt4(t, opts, "-O", "has_journal")
 	orig := newOrig(t, map[string]string{"a": "a\n", "b": "b\n"})
 	sb := mountSandbox(t, orig, withStateIn(fs), allowServerErrors())
-	syncAll(t, fs) // the sandbox as mounted is on disk
+	fsutiltest.Syncfs(t, fs) // the sandbox as mounted is on disk
 	for _, w := range []struct {
 		name  string
 		flags int
@@ -54,17 +54,5 @@ func TestPowerCutAfterSyncedWrites(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("after the power cut, sbxfs status lacks %q:\n%s", want, out)
 		}
-	}
-}
-
-func syncAll(t *testing.T, dir string) {
-	t.Helper()
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -222,7 +222,7 @@ func TestPowerCutAfterANestedCommit(t *testing.T) {
 	e := newManagedEnv(t, func(e *managedEnv) { e.root = filepath.Join(fs, "state") })
 	pid := e.startFaultyDaemon("nested-committed-0")
 	n := e.nested()
-	syncfsOf(t, fs) // the sandboxes' work is on disk before the commit
+	fsutiltest.Syncfs(t, fs) // the sandboxes' work is on disk before the commit
 	e.crashCommit(pid)
 	es, err := fsutil.ReadMountinfo()
 	require.NoError(t, err)
@@ -264,12 +264,4 @@ func waitUnused(dir string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func syncfsOf(t *testing.T, dir string) {
-	t.Helper()
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.Syncfs(fd))
 }

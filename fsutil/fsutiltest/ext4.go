@@ -139,3 +139,17 @@ func MountExt4Again(t testing.TB, mnt, opts string) {
 		t.Fatalf("mount -o loop,%s again after the power cut: %v: %s", opts, err, out)
 	}
 }
+
+// Syncfs makes everything of the filesystem holding dir durable (what
+// a test wants on disk before it plays a power cut).
+func Syncfs(t testing.TB, dir string) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		t.Fatal(err)
+	}
+}
