@@ -40,8 +40,8 @@ func (x *Txn) rebase() error {
 	if err != nil {
 		return err
 	}
-	recs, err := layers.ReadJournal(journalPath(x.cfg))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	recs, err := layers.Records(x.cfg)
+	if err != nil {
 		return err
 	}
 	seen := layers.Bases(recs)

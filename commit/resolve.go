@@ -128,8 +128,8 @@ func conflictsOf(cfg layers.Config, cs layers.ChangeSet) ([]conflict, error) {
 	}
 	journal := cs.Bases()
 	if journal == nil { // a change set made by hand
-		recs, err := layers.ReadJournal(journalPath(cfg))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		recs, err := layers.Records(cfg)
+		if err != nil {
 			return nil, err
 		}
 		journal = layers.Bases(recs)

@@ -2,6 +2,9 @@ package fsutil
 
 import (
 	"errors"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -23,3 +26,37 @@ var needProc = sync.OnceValue(func() error {
 	}
 	return nil
 })
+
+// BootID is the kernel's random identifier of this boot
+// (/proc/sys/kernel/random/boot_id), "" when it cannot be read.
+func BootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ProcessStart returns when process pid started (field 22 of
+// /proc/PID/stat, clock ticks after boot): with the boot, it names one
+// process for good, where a pid is used again. ok is false when no such
+// process runs (a zombie neither).
+func ProcessStart(pid int) (start uint64, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is the state (field 3), so field 22 is f[19].
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	return start, err == nil
+}

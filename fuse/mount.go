@@ -101,6 +101,9 @@ func Mount(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	if n := l.Reconciled(); n > 0 {
+		logger.Warn("the sandbox's last server stopped uncleanly: its change journal now names what the upper held and the journal did not", "records_added", n)
+	}
 	l.OnJournalCompact(func(r layers.CompactResult) {
 		if r.Err != nil {
 			logger.Error("journal compaction failed (the journal is as it was unless the error says otherwise)", "err", r.Err)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"log/slog"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -423,7 +424,7 @@ func (fs *filesystem) startFlusher() {
 	fs.stop, fs.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(fs.done)
-		t := time.NewTicker(200 * time.Millisecond)
+		t := time.NewTicker(journalSyncEvery())
 		defer t.Stop()
 		for {
 			select {
@@ -436,6 +437,17 @@ func (fs *filesystem) startFlusher() {
 			}
 		}
 	}()
+}
+
+// journalSyncEvery is the flusher's period: 200 ms, or
+// SBXFS_JOURNAL_SYNC_EVERY (a Go duration), for tests that need the
+// journal's tail to stay in the page cache while the upper's changes
+// reach the disk, as a power cut can find them.
+func journalSyncEvery() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("SBXFS_JOURNAL_SYNC_EVERY")); err == nil && d > 0 {
+		return d
+	}
+	return 200 * time.Millisecond
 }
 
 func (fs *filesystem) stopFlusher() {

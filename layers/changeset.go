@@ -73,15 +73,15 @@ func (cs *ChangeSet) Bases() map[string]Signature { return cs.bases }
 
 // Changes computes the change set of a sandbox from its journal and the
 // state of exactly the paths the journal names, without a mount and without
-// walking either tree.
+// walking either tree (but once after an unclean stop: Records).
 func Changes(cfg Config) (ChangeSet, error) {
 	l, err := newLayers(cfg)
 	if err != nil {
 		return ChangeSet{}, err
 	}
 	defer l.closeLowerRoots()
-	recs, err := ReadJournal(cfg.journalPath())
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	recs, err := l.readRecords()
+	if err != nil {
 		return ChangeSet{}, err
 	}
 	return l.changes(recs)

@@ -144,6 +144,12 @@ type Layers struct {
 	onCompact func(CompactResult)
 	bases     sync.Map // original paths whose base signature is recorded
 
+	// journalPath is the journal's path, mark the server mark's beside
+	// it (reconcile.go); reconciled counts the records Open added to
+	// reconcile the journal with the upper after an unclean stop.
+	journalPath, mark string
+	reconciled        int
+
 	// testKeepDead has the change set classify the dead paths rather
 	// than drop them (dropDead): the reference a test compares with.
 	testKeepDead bool
@@ -169,12 +175,27 @@ func Open(cfg Config) (*Layers, error) {
 	}
 	j.ConfirmGone(l.goneFromUpper)
 	l.journal = j
+	if l.reconciled, err = l.reconcileOpened(); err != nil {
+		j.Close()
+		return nil, err
+	}
+	// Marked before anything changes the upper, so that a power cut
+	// that keeps an upper change and loses its record finds the mark.
+	if err := l.writeServerMark(); err != nil {
+		j.Close()
+		return nil, err
+	}
 	if err := l.adoptRoot(); err != nil {
 		j.Close()
 		return nil, err
 	}
 	return l, nil
 }
+
+// Reconciled is how many records Open added to the journal to name what
+// the upper held and the journal did not, after its last server stopped
+// uncleanly (reconcile.go); 0 after a clean stop.
+func (l *Layers) Reconciled() int { return l.reconciled }
 
 // adoptRoot gives a new upper root the original root's owner, mode,
 // extended attributes (ACLs among them) and times, so the mount's root
@@ -323,6 +344,9 @@ func newLayers(cfg Config) (*Layers, error) {
 		ns:     newXattrNames(cfg.userXattrs()),
 		root:   os.Geteuid() == 0,
 		devIdx: map[uint64]uint64{},
+
+		journalPath: cfg.journalPath(),
+		mark:        cfg.journalPath() + serverMarkSuffix,
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(l.upper, &st); err != nil {
@@ -367,7 +391,8 @@ func (cfg *Config) validate() error {
 	return nil
 }
 
-// Close flushes and closes the journal.
+// Close flushes and closes the journal, and then removes the server
+// mark: the journal names all the upper holds.
 func (l *Layers) Close() error {
 	l.closeLowerRoots()
 	j := l.Journal()
@@ -375,7 +400,10 @@ func (l *Layers) Close() error {
 		j.Close()
 		return err
 	}
-	return j.Close()
+	if err := j.Close(); err != nil {
+		return err
+	}
+	return l.removeServerMark()
 }
 
 // goneFromUpper reports, of each of paths, whether the upper holds

@@ -327,13 +327,22 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) *diffR
 	r.checkPatch()
 	r.checkListing()
 	r.checkDiffCoverage()
-	args := []string{"commit", "-m", "differential", r.sb.mnt}
+	r.commitAndCompare(r.sb.mnt, withGit)
+	return r
+}
+
+// commitAndCompare commits the sandbox (its mountpoint, or its directory
+// when unmounted) with the CLI, and compares the original with the plain
+// directory.
+func (r *diffRun) commitAndCompare(target string, withGit bool) {
+	t := r.t
+	args := []string{"commit", "-m", "differential", target}
 	if withGit {
 		args = append(args[:1], append([]string{"--git"}, args[1:]...)...)
 	}
 	out, err := runTimeout(60*time.Second, cliBin, args...)
 	if err != nil {
-		st, _ := runTimeout(20*time.Second, cliBin, "status", r.sb.mnt)
+		st, _ := runTimeout(20*time.Second, cliBin, "status", target)
 		r.fail("", "sbxfs %s: %v\n%s\nsbxfs status:\n%s", strings.Join(args, " "), err, out, st)
 	}
 	want, err := walkTree(r.ref, diffViewOpts)
@@ -372,7 +381,6 @@ func diffCommit(t *testing.T, seed int64, ops int, links bool, opset int) *diffR
 	if withGit {
 		r.checkGitCommit()
 	}
-	return r
 }
 
 // diffLongUpper is -diff.longupper for TestDifferentialLongUpper's run.

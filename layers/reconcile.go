@@ -1,0 +1,613 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
+)
+
+// After an unclean stop the journal may name less than the upper holds.
+//
+// A record is written before its operation, so a crash of the server
+// leaves a journal that names every change the upper holds (and perhaps
+// one it does not: the change set reads the upper for every path). A
+// power cut is another matter: the upper's own changes (a rename, a
+// mkdir, a whiteout, a copy-up) become durable with any commit of its
+// filesystem's journal, which another process's fsync forces, while the
+// records are durable only once Journal.Sync ran (every 200 ms, or an
+// fsync through the mount). A power cut between the two leaves changes
+// in the upper whose records came back as a torn tail and were cut:
+// the mount showed them, while status and commit did not, and a commit
+// dropped them (found by a power-cut probe on 2026-11-28).
+//
+// So a server leaves a mark beside the journal (journal.server: the
+// boot, its pid and start time) while it serves, written and synced
+// before it changes anything, removed once it closed the journal cleanly.
+// A mark whose process is gone says the last stop was unclean: the
+// journal is reconciled with the upper (reconcile), by a one-time walk of
+// the upper that names what the journal does not. A server opening the
+// sandbox appends those records before it serves; a reader (status,
+// diff, commit of an unmounted sandbox) adds them to what it read
+// without writing them.
+
+// serverMarkSuffix names the server mark beside the journal.
+const serverMarkSuffix = ".server"
+
+// serverMark is what a server's mark holds: this boot, the process and
+// when it started (a pid alone is used again).
+func serverMark() []byte {
+	start, _ := fsutil.ProcessStart(os.Getpid())
+	return fmt.Appendf(nil, "v1 %s %d %d\n", fsutil.BootID(), os.Getpid(), start)
+}
+
+// writeServerMark marks the sandbox as served by this process, durably:
+// the mark must be on disk before any change of the upper is.
+func (l *Layers) writeServerMark() error {
+	if err := fsutil.WriteFileAtomic(l.mark, serverMark(), 0o600); err != nil {
+		return fmt.Errorf("mark the sandbox as served: %w", err)
+	}
+	return nil
+}
+
+// removeServerMark says the journal names all the upper holds: the
+// server closed it (synced) and changes nothing more. Not synced: a mark
+// left by a power cut only costs the next open a walk of the upper.
+func (l *Layers) removeServerMark() error {
+	if err := os.Remove(l.mark); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the server mark: %w", err)
+	}
+	return nil
+}
+
+// serverDied reports whether the server mark at path names a server that
+// is gone: of another boot, a process that ended, or not readable as a
+// mark at all. No mark: the last server stopped cleanly (or none ran).
+func serverDied(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the server mark: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 256))
+	f.Close()
+	if err != nil {
+		return false, fmt.Errorf("read the server mark %q: %w", path, err)
+	}
+	fs := strings.Fields(string(b))
+	if len(fs) != 4 || fs[0] != "v1" || fs[1] != fsutil.BootID() {
+		return true, nil
+	}
+	pid, err1 := strconv.Atoi(fs[2])
+	start, err2 := strconv.ParseUint(fs[3], 10, 64)
+	if err1 != nil || err2 != nil {
+		return true, nil
+	}
+	now, alive := fsutil.ProcessStart(pid)
+	return !alive || now != start, nil
+}
+
+// Records returns the records of cfg's journal as the change set reads
+// them: after an unclean stop of its last server, with those that
+// reconcile it with the upper added (not written: the next mount writes
+// them). A commit reads its bases from them.
+func Records(cfg Config) ([]Record, error) {
+	l, err := newLayers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer l.closeLowerRoots()
+	return l.readRecords()
+}
+
+// readRecords is Records with this stack.
+func (l *Layers) readRecords() ([]Record, error) {
+	recs, err := ReadJournal(l.journalPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	died, err := serverDied(l.mark)
+	if err != nil || !died {
+		return recs, err
+	}
+	more, err := l.reconcile(recs)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile the journal with the upper after an unclean stop: %w", err)
+	}
+	return append(recs, more...), nil
+}
+
+// reconcileOpened appends to the opened journal the records reconcile
+// gives, when the last server stopped uncleanly, and syncs them. It
+// returns how many.
+func (l *Layers) reconcileOpened() (int, error) {
+	died, err := serverDied(l.mark)
+	if err != nil || !died {
+		return 0, err
+	}
+	recs, err := l.journal.Records()
+	if err != nil {
+		return 0, err
+	}
+	more, err := l.reconcile(recs)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile the journal with the upper after an unclean stop: %w", err)
+	}
+	for _, r := range more {
+		if err := l.journal.Append(r); err != nil {
+			return 0, err
+		}
+	}
+	return len(more), l.journal.Sync()
+}
+
+// reconcile returns the records that make the journal recs name what
+// the upper holds, as the operations whose records were lost would have
+// (they came after every record left: the journal is cut at its tail):
+//
+//   - a directory whose redirect, or a file whose origin, names an
+//     original object the replay has elsewhere: a rename (a hard link,
+//     where the object there is the same upper inode);
+//   - a whiteout: a removal of the original's object, and the base of
+//     everything beneath it, which goes with it;
+//   - an object at a path the journal does not name: made (create,
+//     mkdir, mknod, symlink, link) where the original has nothing, else
+//     written (its metadata too: the change set compares it all), with
+//     the base of the original's object; an opaque directory replaces
+//     the original's (mkdir), whose entries go with it;
+//   - a file the journal names without a content change: written.
+//
+// The bases are the original's objects as they are now: a change the
+// original made between the lost records and this walk is taken for
+// what the sandbox saw.
+//
+// The change set reads the upper for every path the journal names, so
+// naming a path too many costs a lookup, never a wrong change; naming
+// one too few drops a change. An object the upper holds at a path the
+// journal already names needs nothing (a removal or rename whose record
+// survived while its operation did not shows as it is).
+func (l *Layers) reconcile(recs []Record) ([]Record, error) {
+	rc := &reconciler{l: l, t: replay(recs), at: now(), inos: map[uint64]string{},
+		pending: map[string]string{}, movedIno: map[uint64]string{}}
+	// Renames first: what lies beneath a moved directory is then found
+	// through its new lineage.
+	if err := rc.walk("", rc.moved); err != nil {
+		return nil, err
+	}
+	if err := rc.move(); err != nil {
+		return nil, err
+	}
+	if err := rc.named(""); err != nil {
+		return nil, err
+	}
+	if err := rc.walk("", rc.named); err != nil {
+		return nil, err
+	}
+	return rc.out, nil
+}
+
+type reconciler struct {
+	l   *Layers
+	t   *touched
+	at  time.Time
+	out []Record
+	// inos holds the first path of each upper non-directory with more
+	// than one link, by inode number: the other names are links to it.
+	inos map[uint64]string
+	// moves are the renames the walk found lost, top down: each upper
+	// path and the original path its object came from (pending); links
+	// the names of a moved object's inode after its first (movedIno).
+	moves    []lostMove
+	pending  map[string]string
+	movedIno map[uint64]string
+}
+
+// lostMove is a rename (or, with link, a hard link to the object moved
+// to link) whose record was lost: the object of the original path from
+// is at path in the upper.
+type lostMove struct {
+	path, from, link string
+	ino              uint64 // of a non-directory with links, else 0
+}
+
+// emit adds a record and replays it.
+func (rc *reconciler) emit(op Op, path, path2 string, flags uint32) {
+	rc.out = append(rc.out, Record{Op: op, Time: rc.at, Flags: flags, Path: path, Path2: path2})
+	rc.t.apply(&rc.out[len(rc.out)-1])
+}
+
+// walk calls f for every entry of the upper beneath dir, a directory
+// before what it holds, names in order.
+func (rc *reconciler) walk(dir string, f func(p string) error) error {
+	fd, err := rc.l.OpenUpperRaw(dir, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return fmt.Errorf("upper %q: %w", dir, err)
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return fmt.Errorf("upper %q: %w", dir, err)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		p := Join(dir, n)
+		if err := f(p); err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := rc.l.upperLstat(p, &st); err != nil {
+			return fmt.Errorf("upper %q: %w", p, err)
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if err := rc.walk(p, f); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// cameFrom returns the original path the upper object at p says it came
+// from: the original directory a directory merges (its redirect, or its
+// parent's and its name), a copied-up file's origin. ok is false for an
+// object that says nothing (made by the sandbox, a directory merging no
+// directory of the original, a whiteout).
+func (rc *reconciler) cameFrom(p string, st *unix.Stat_t) (from string, ok bool) {
+	_ = rc.l.UpperDo(p, func(up string) error {
+		switch {
+		case fsutil.IsWhiteout(st):
+		case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			// Its redirect, or its parent's and its name; a directory
+			// that merges no directory of the original says nothing.
+			if from, ok = rc.l.lowerPathOf(p); ok {
+				lo, there, err := rc.l.resolveLower(from)
+				ok = err == nil && there && lo.isDir()
+			}
+		default:
+			var o origin
+			if o, ok = rc.l.readOrigin(up); ok {
+				from = o.path
+			}
+		}
+		return nil
+	})
+	return from, ok
+}
+
+// moved notes the rename (or link) that brought the upper object at p
+// there, when its own attributes say it came from an original object
+// that neither the replay nor a rename noted above p puts there.
+func (rc *reconciler) moved(p string) error {
+	var st unix.Stat_t
+	if err := rc.l.upperLstat(p, &st); err != nil {
+		return fmt.Errorf("upper %q: %w", p, err)
+	}
+	from, ok := rc.cameFrom(p, &st)
+	if !ok {
+		return nil
+	}
+	if x, made := rc.expected(p); !made && x == from {
+		return nil
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+		if q, ok := rc.movedIno[st.Ino]; ok {
+			rc.moves = append(rc.moves, lostMove{path: p, from: from, link: q})
+			return nil
+		}
+		rc.movedIno[st.Ino] = p
+		rc.moves = append(rc.moves, lostMove{path: p, from: from, ino: st.Ino})
+		return nil
+	}
+	rc.pending[p] = from
+	rc.moves = append(rc.moves, lostMove{path: p, from: from})
+	return nil
+}
+
+// expected is the original path the object at p comes from as the
+// replay and the renames noted above p have it, and whether the replay
+// has an object the sandbox made there instead.
+func (rc *reconciler) expected(p string) (string, bool) {
+	for a := p; ; {
+		if x, ok := rc.pending[a]; ok {
+			return x + p[len(a):], false
+		}
+		if a == "" {
+			break
+		}
+		a, _ = Split(a)
+	}
+	x := rc.t.counterpartHere(p)
+	return x, strings.HasPrefix(x, madeHere)
+}
+
+// move emits the lost renames: each object first to a name of its own
+// that nothing uses, then, top down, to where the upper has it, so that
+// no rename lands on an object another is still to take away (the
+// order they were made in is lost: a swap needs the detour).
+func (rc *reconciler) move() error {
+	if len(rc.moves) == 0 {
+		return nil
+	}
+	// A file with links whose object another name has where the
+	// replay (and the renames noted) put it was linked, not moved.
+	names := map[uint64][]string{}
+	for _, m := range rc.moves {
+		if m.ino != 0 {
+			names[m.ino] = nil
+		}
+	}
+	if len(names) > 0 {
+		if err := rc.walk("", func(p string) error {
+			var st unix.Stat_t
+			if rc.l.upperLstat(p, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				if _, ok := names[st.Ino]; ok {
+					names[st.Ino] = append(names[st.Ino], p)
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	for i, m := range rc.moves {
+		for _, q := range names[m.ino] {
+			if x, made := rc.expected(q); q != m.path && !made && x == m.from {
+				rc.moves[i].link = q
+				break
+			}
+		}
+	}
+	aside := make([]string, len(rc.moves))
+	for i, m := range rc.moves {
+		if m.link != "" {
+			continue
+		}
+		src := rc.locate(m.from)
+		if lo, ok, err := rc.l.resolveLower(m.from); err != nil {
+			return err
+		} else if ok {
+			if err := rc.baseFor(m.path, lo, false); err != nil {
+				return err
+			}
+		}
+		var st, sst unix.Stat_t
+		if rc.l.upperLstat(m.path, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 &&
+			rc.l.upperLstat(src, &sst) == nil && sst.Ino == st.Ino && src != m.path {
+			rc.moves[i].link = src // linked to a name it still has
+			continue
+		}
+		if src == "" {
+			continue // the root moves nowhere
+		}
+		aside[i] = rc.asideName(i)
+		rc.emit(OpRename, src, aside[i], 0)
+	}
+	for i, m := range rc.moves {
+		switch {
+		case m.link != "":
+			rc.emit(OpLink, m.path, m.link, 0)
+		case aside[i] != "":
+			// What the original has in its place went when it came:
+			// a rename over an object records that object's base.
+			if err := rc.replacedBase(m.path, m.from); err != nil {
+				return err
+			}
+			rc.emit(OpRename, aside[i], m.path, 0)
+		}
+	}
+	return nil
+}
+
+// replacedBase records the base of the original's object in the place
+// of p, where the object of the original path from moved (and of what
+// it holds: it went whole), taken for what the sandbox saw when it was
+// last changed before the upper object at p was (its ctime: a rename
+// sets it).
+func (rc *reconciler) replacedBase(p, from string) error {
+	lo, ok, err := rc.l.lowerInPlace(nil, p)
+	if err != nil || !ok || lo.origin.Path == from {
+		return err
+	}
+	var st unix.Stat_t
+	if err := rc.l.upperLstat(p, &st); err != nil {
+		return fmt.Errorf("upper %q: %w", p, err)
+	}
+	return rc.base(lo, true, unix.TimespecToNsec(st.Ctim))
+}
+
+// asideName is a name at the root for the i-th lost rename's detour that
+// no record names and neither the upper nor the original holds.
+func (rc *reconciler) asideName(i int) string {
+	for n := ".sbxfs-lost-rename-" + strconv.Itoa(i); ; n += "_" {
+		var st unix.Stat_t
+		if !rc.t.unnamed(n) || rc.l.upperLstat(n, &st) == nil {
+			continue
+		}
+		if _, ok, err := rc.l.resolveLower(n); err == nil && !ok {
+			return n
+		}
+	}
+}
+
+// locate returns the path at which the replay has the original's object
+// x now: where a rename took it, or a directory above it; x itself when
+// none did.
+func (rc *reconciler) locate(x string) string {
+	for a := x; ; {
+		var at []string
+		for q, f := range rc.t.from {
+			if f == a && !rc.t.made[q] {
+				at = append(at, q)
+			}
+		}
+		if len(at) > 0 {
+			slices.Sort(at) // one answer, whatever the map's order
+			return at[0] + x[len(a):]
+		}
+		if a == "" {
+			return x
+		}
+		a, _ = Split(a)
+	}
+}
+
+// named names the upper object at p where the journal does not (or
+// names a file's content unchanged), and records the bases of what it
+// copies or replaces.
+func (rc *reconciler) named(p string) error {
+	var st unix.Stat_t
+	if err := rc.l.upperLstat(p, &st); err != nil {
+		return fmt.Errorf("upper %q: %w", p, err)
+	}
+	unnamed := rc.t.unnamed(p)
+	typ := st.Mode & unix.S_IFMT
+	whiteout := fsutil.IsWhiteout(&st)
+	var first string // another name of the same upper file
+	if typ != unix.S_IFDIR && st.Nlink > 1 && !whiteout {
+		if q, ok := rc.inos[st.Ino]; ok {
+			first = q
+		} else {
+			rc.inos[st.Ino] = p
+		}
+	}
+	if p == "" {
+		if unnamed {
+			rc.emit(OpSetattr, "", "", AttrMode|AttrOwner)
+		}
+		return nil
+	}
+	// The original's object in p's place, which an object the sandbox
+	// made there has not.
+	lo, _, err := rc.l.resolveLower(rc.t.counterpartHere(p))
+	if err != nil {
+		return err
+	}
+	opaque := typ == unix.S_IFDIR && rc.l.upperOpaque(p)
+	_, merges := rc.cameFrom(p, &st)
+	mergesNothing := typ == unix.S_IFDIR && !merges
+	if lo != nil {
+		// A directory of the original removed or replaced goes with
+		// its entries: a commit checks each was as the sandbox saw it.
+		takesAway := lo.isDir() && (whiteout || mergesNothing || typ != unix.S_IFDIR)
+		if err := rc.baseFor(p, lo, takesAway); err != nil {
+			return err
+		}
+	}
+	switch {
+	case !unnamed && mergesNothing && lo != nil:
+		// The replay has the original's object here, the upper a new
+		// directory (removed and made again): what lies beneath is new.
+		rc.emit(OpMkdir, p, "", 0)
+	case !unnamed:
+		if typ == unix.S_IFREG && !rc.t.paths[p] {
+			rc.emit(OpWrite, p, "", 0) // its content may have changed since
+		}
+	case first != "":
+		rc.emit(OpLink, p, first, 0)
+	case whiteout:
+		switch {
+		case lo == nil: // nothing of the original's to hide
+		case lo.isDir():
+			rc.emit(OpRmdir, p, "", 0)
+		default:
+			rc.emit(OpUnlink, p, "", 0)
+		}
+	case typ == unix.S_IFDIR:
+		if lo != nil && !opaque && lo.isDir() {
+			rc.emit(OpSetattr, p, "", AttrMode|AttrOwner)
+		} else {
+			rc.emit(OpMkdir, p, "", 0)
+		}
+	case lo == nil:
+		rc.emit(madeBy(typ), p, "", 0)
+	default:
+		rc.emit(OpWrite, p, "", 0)
+	}
+	return nil
+}
+
+// baseFor records the base of lo, the original's object that the upper
+// object at p copies or replaces, unless the replay has one; with
+// entries, of everything beneath it too. Only an object of the original
+// that was last changed before the upper object was made is taken for
+// what the sandbox saw (its ctime against the upper object's birth); one
+// changed since, or a copy whose origin names another inode, gets no
+// base, so that a commit finds the conflict: without the lost records
+// nothing tells what the sandbox saw, and a base from now would have a
+// commit overwrite the original's change.
+func (rc *reconciler) baseFor(p string, lo *lowerHit, entries bool) error {
+	var born int64
+	var og origin
+	var hasOrigin bool
+	err := rc.l.UpperDo(p, func(up string) error {
+		var stx unix.Statx_t
+		if err := unix.Statx(unix.AT_FDCWD, up, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME|unix.STATX_CTIME, &stx); err != nil {
+			return err
+		}
+		born = stx.Ctime.Sec*1e9 + int64(stx.Ctime.Nsec)
+		if stx.Mask&unix.STATX_BTIME != 0 {
+			born = stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec)
+		}
+		og, hasOrigin = rc.l.readOrigin(up)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("upper %q: %w", p, err)
+	}
+	if hasOrigin && og.ino != 0 && og.ino != rc.l.stableIno(lo.st.Dev, lo.st.Ino) {
+		return nil
+	}
+	return rc.base(lo, entries, born)
+}
+
+// madeBy is the operation that makes an object of type typ.
+func madeBy(typ uint32) Op {
+	switch typ {
+	case unix.S_IFREG:
+		return OpCreate
+	case unix.S_IFLNK:
+		return OpSymlink
+	default:
+		return OpMknod
+	}
+}
+
+// base records the base of the original's object hit, unless the
+// replay has one or it changed after the time before (ns); with
+// subtree, of everything beneath it too.
+func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64) error {
+	x := hit.origin.Path
+	if _, seen := rc.t.seen[x]; !seen && hit.origin.Layer == 0 && unix.TimespecToNsec(hit.st.Ctim) <= before {
+		rc.emit(OpBase, x, SignatureOf(&hit.st).String(), 0)
+	}
+	if !subtree || !hit.isDir() {
+		return nil
+	}
+	ents, err := rc.l.mergeDir("", nil, rc.l.lowerDirsAt(x))
+	if err != nil {
+		return fmt.Errorf("original %q: %w", x, err)
+	}
+	for _, e := range ents {
+		c, ok, err := rc.l.resolveLower(Join(x, e.Name))
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := rc.base(c, true, before); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

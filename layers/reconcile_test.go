@@ -1,0 +1,122 @@
+package layers
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestServerMark: a stack opened for serving marks its journal (durably,
+// before anything changes the upper) and a clean Close removes the mark;
+// a mark whose process is gone, of another boot, or not a mark at all
+// says the last stop was unclean.
+func TestServerMark(t *testing.T) {
+	s := newStack(t, map[string]string{"a": "A"})
+	mark := s.journalPath + serverMarkSuffix
+	st, err := os.Lstat(mark)
+	require.NoError(t, err, "an open stack has a server mark")
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	died, err := serverDied(mark)
+	require.NoError(t, err)
+	assert.False(t, died, "the mark of this live process")
+
+	other := filepath.Join(t.TempDir(), "mark")
+	for _, c := range []struct {
+		mark string
+		died bool
+	}{
+		{"v1 not-this-boot 1 1\n", true},
+		{fmt.Sprintf("v1 %s %d 1\n", bootID(t), os.Getpid()), true}, // this pid, another start time
+		{"", true},
+		{"garbage", true},
+	} {
+		require.NoError(t, os.WriteFile(other, []byte(c.mark), 0o600))
+		died, err := serverDied(other)
+		require.NoError(t, err)
+		assert.Equal(t, c.died, died, "mark %q", c.mark)
+	}
+	require.NoError(t, os.Remove(other))
+	died, err = serverDied(other)
+	require.NoError(t, err)
+	assert.False(t, died, "no mark: a clean stop")
+
+	require.NoError(t, s.Close())
+	_, err = os.Lstat(mark)
+	assert.True(t, os.IsNotExist(err), "a clean Close removes the mark: %v", err)
+}
+
+func bootID(t *testing.T) string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	require.NoError(t, err)
+	return string(b[:len(b)-1])
+}
+
+// TestRecordsAfterAnUncleanStop: the journal lost its tail (cut back to
+// its header) while the upper kept a renamed directory, a removal, a
+// written original and a new file. Records adds what names them, without
+// writing the journal; the change set read from them is the one the
+// whole journal gave; Open writes them, and a clean Close leaves a
+// journal Records reads as it is.
+func TestRecordsAfterAnUncleanStop(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{filepath.Join(dir, "lower")}}
+	for _, d := range []string{cfg.Upper, cfg.Work} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	writeTree(t, cfg.Lowers[0], map[string]string{"d/x": "x", "gone": "g", "edit": "e", "keep": "k"})
+	l, err := Open(cfg)
+	require.NoError(t, err)
+	s := &stack{Layers: l, t: t, lower: cfg.Lowers[0], c: Caller{Pid: 1}}
+	header, err := os.Stat(cfg.journalPath())
+	require.NoError(t, err)
+	root := s.dir("")
+	require.NoError(t, s.Rename("", root, "d", ptr(s.dir("d")), "", root, "moved", 0, s.c))
+	require.NoError(t, s.Unlink("", s.dir(""), "gone", s.c))
+	s.write("edit", "edited")
+	s.createEmpty("", "new")
+	want := s.changeLines()
+	require.Contains(t, want, "renamed moved d")
+
+	// The power cut: the server gone without closing the journal, whose
+	// records since its header are lost.
+	require.NoError(t, l.Journal().Close())
+	require.NoError(t, os.Truncate(cfg.journalPath(), header.Size()))
+	require.NoError(t, os.WriteFile(cfg.journalPath()+serverMarkSuffix, []byte("v1 the-boot-before 1234 5678\n"), 0o600))
+	recs, err := Records(cfg)
+	require.NoError(t, err)
+	assert.NotEmpty(t, recs, "records naming what the upper holds")
+	after, err := os.Stat(cfg.journalPath())
+	require.NoError(t, err)
+	assert.Equal(t, header.Size(), after.Size(), "a reader writes nothing")
+	cs, err := Changes(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, want, lines(cs))
+
+	l2, err := Open(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, len(recs)-1, l2.Reconciled()) // all but the root's base
+	require.NoError(t, l2.Close())
+	written, err := ReadJournal(cfg.journalPath())
+	require.NoError(t, err)
+	again, err := Records(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, len(written), len(again), "after a clean stop the journal is read as it is")
+	cs, err = Changes(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, want, lines(cs))
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// lines is a change set as changeLines gives it.
+func lines(cs ChangeSet) []string {
+	var out []string
+	for _, c := range cs.Changes {
+		out = append(out, string(c.Kind)+" "+c.Path+" "+c.From)
+	}
+	return out
+}
