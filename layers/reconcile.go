@@ -155,27 +155,30 @@ func (l *Layers) reconcileOpened() (int, error) {
 // the upper holds, as the operations whose records were lost would have
 // (they came after every record left: the journal is cut at its tail):
 //
-//   - a directory whose redirect, or a file whose origin, names an
-//     original object the replay has elsewhere: a rename (a hard link,
-//     where the object there is the same upper inode);
-//   - a whiteout: a removal of the original's object, and the base of
-//     everything beneath it, which goes with it;
-//   - an object at a path the journal does not name: made (create,
-//     mkdir, mknod, symlink, link) where the original has nothing, else
-//     written (its metadata too: the change set compares it all), with
-//     the base of the original's object; an opaque directory replaces
-//     the original's (mkdir), whose entries go with it;
-//   - a file the journal names without a content change: written.
+//   - a directory whose redirect or parent's lineage, or a file whose
+//     origin, names an original object the replay has elsewhere: a
+//     rename (aside first, then into place: move), or a hard link where
+//     another name of the same upper inode is where the replay has it;
+//   - a whiteout at a path no record names: the removal of the
+//     original's object;
+//   - an object at a path no record names: made (create, mkdir, mknod,
+//     symlink, link) where the original has nothing, else written (its
+//     metadata too: the change set compares it all); a directory that
+//     merges no directory of the original where the replay has the
+//     original's object: made (mkdir), so what lies beneath is new;
+//   - a file a record names without a content change: written.
 //
-// The bases are the original's objects as they are now: a change the
-// original made between the lost records and this walk is taken for
-// what the sandbox saw.
+// With them go the bases of the original's objects the upper copies or
+// replaces, and of everything beneath an original directory it removes
+// or replaces (a commit checks each): only for an object the original
+// last changed before the upper object was made (baseFor), so that a
+// change the original made since is a conflict, never overwritten.
 //
 // The change set reads the upper for every path the journal names, so
 // naming a path too many costs a lookup, never a wrong change; naming
 // one too few drops a change. An object the upper holds at a path the
-// journal already names needs nothing (a removal or rename whose record
-// survived while its operation did not shows as it is).
+// journal already names needs nothing more (a removal or rename whose
+// record survived while its operation did not shows as it is).
 func (l *Layers) reconcile(recs []Record) ([]Record, error) {
 	rc := &reconciler{l: l, t: replay(recs), at: now(), inos: map[uint64]string{},
 		pending: map[string]string{}, movedIno: map[uint64]string{}}
@@ -409,6 +412,22 @@ func (rc *reconciler) move() error {
 	return nil
 }
 
+// bornOf is when the upper object at p was made (ns): its birth time,
+// or its ctime where the filesystem keeps none.
+func (rc *reconciler) bornOf(p string) (int64, error) {
+	var stx unix.Statx_t
+	err := rc.l.UpperDo(p, func(up string) error {
+		return unix.Statx(unix.AT_FDCWD, up, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME|unix.STATX_CTIME, &stx)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("upper %q: %w", p, err)
+	}
+	if stx.Mask&unix.STATX_BTIME != 0 {
+		return stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec), nil
+	}
+	return stx.Ctime.Sec*1e9 + int64(stx.Ctime.Nsec), nil
+}
+
 // replacedBase records the base of the original's object in the place
 // of p, where the object of the original path from moved (and of what
 // it holds: it went whole), taken for what the sandbox saw when it was
@@ -504,6 +523,24 @@ func (rc *reconciler) named(p string) error {
 			return err
 		}
 	}
+	if whiteout || mergesNothing || typ != unix.S_IFDIR {
+		// What the original has in p's place went too, where p's
+		// lineage leads elsewhere (a rename over it, a removal of what
+		// a rename brought).
+		in, ok, err := rc.l.lowerInPlace(nil, p)
+		if err != nil {
+			return err
+		}
+		if ok && (lo == nil || in.origin.Path != lo.origin.Path) {
+			born, err := rc.bornOf(p)
+			if err != nil {
+				return err
+			}
+			if err := rc.base(in, true, born); err != nil {
+				return err
+			}
+		}
+	}
 	switch {
 	case !unnamed && mergesNothing && lo != nil:
 		// The replay has the original's object here, the upper a new
@@ -547,24 +584,13 @@ func (rc *reconciler) named(p string) error {
 // nothing tells what the sandbox saw, and a base from now would have a
 // commit overwrite the original's change.
 func (rc *reconciler) baseFor(p string, lo *lowerHit, entries bool) error {
-	var born int64
+	born, err := rc.bornOf(p)
+	if err != nil {
+		return err
+	}
 	var og origin
 	var hasOrigin bool
-	err := rc.l.UpperDo(p, func(up string) error {
-		var stx unix.Statx_t
-		if err := unix.Statx(unix.AT_FDCWD, up, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME|unix.STATX_CTIME, &stx); err != nil {
-			return err
-		}
-		born = stx.Ctime.Sec*1e9 + int64(stx.Ctime.Nsec)
-		if stx.Mask&unix.STATX_BTIME != 0 {
-			born = stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec)
-		}
-		og, hasOrigin = rc.l.readOrigin(up)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("upper %q: %w", p, err)
-	}
+	_ = rc.l.UpperDo(p, func(up string) error { og, hasOrigin = rc.l.readOrigin(up); return nil })
 	if hasOrigin && og.ino != 0 && og.ino != rc.l.stableIno(lo.st.Dev, lo.st.Ino) {
 		return nil
 	}
