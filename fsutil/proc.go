@@ -2,6 +2,7 @@ package fsutil
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -59,4 +60,32 @@ func ProcessStart(pid int) (start uint64, ok bool) {
 	}
 	start, err = strconv.ParseUint(f[19], 10, 64)
 	return start, err == nil
+}
+
+// FlockHeld reports whether some process holds a flock(2) lock on the
+// file at path (/proc/locks, which lists every lock on the machine,
+// whatever pid namespace its holder is in). A symlink at path is not
+// followed.
+func FlockHeld(path string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return false, err
+	}
+	// The kernel prints the device as "%02x:%02x" of its major and
+	// minor numbers, then ":%lu" the inode.
+	id := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && f[1] == "->" {
+			continue // a waiter, not a holder
+		}
+		if len(f) >= 6 && f[1] == "FLOCK" && f[5] == id {
+			return true, nil
+		}
+	}
+	return false, nil
 }

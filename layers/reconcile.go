@@ -69,9 +69,16 @@ func (l *Layers) removeServerMark() error {
 }
 
 // serverDied reports whether the server mark at path names a server that
-// is gone: of another boot, a process that ended, or not readable as a
-// mark at all. No mark: the last server stopped cleanly (or none ran).
-func serverDied(path string) (bool, error) {
+// is gone: of another boot, a process that ended (and no process holds
+// the lock of the journal at journal), or not readable as a mark at
+// all. No mark: the last server stopped cleanly (or none ran).
+func serverDied(path, journal string) (bool, error) {
+	return markDead(path, journal, true)
+}
+
+// markDead is serverDied; lockCounts false for a caller that holds the
+// journal's lock itself (Open: no other server can be serving).
+func markDead(path, journal string, lockCounts bool) (bool, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -93,8 +100,17 @@ func serverDied(path string) (bool, error) {
 	if err1 != nil || err2 != nil {
 		return true, nil
 	}
-	now, alive := fsutil.ProcessStart(pid)
-	return !alive || now != start, nil
+	if now, alive := fsutil.ProcessStart(pid); alive && now == start {
+		return false, nil
+	}
+	// A server in another pid namespace is not found by its pid: its
+	// lock on the journal says it serves.
+	if lockCounts {
+		if held, err := fsutil.FlockHeld(journal); err == nil && held {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // Records returns the records of cfg's journal as the change set reads
@@ -116,7 +132,7 @@ func (l *Layers) readRecords() ([]Record, error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	died, err := serverDied(l.mark)
+	died, err := serverDied(l.mark, l.journalPath)
 	if err != nil || !died {
 		return recs, err
 	}
@@ -131,7 +147,7 @@ func (l *Layers) readRecords() ([]Record, error) {
 // gives, when the last server stopped uncleanly, and syncs them. It
 // returns how many.
 func (l *Layers) reconcileOpened() (int, error) {
-	died, err := serverDied(l.mark)
+	died, err := markDead(l.mark, l.journalPath, false)
 	if err != nil || !died {
 		return 0, err
 	}

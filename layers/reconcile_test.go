@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // TestServerMark: a stack opened for serving marks its journal (durably,
@@ -20,7 +21,7 @@ func TestServerMark(t *testing.T) {
 	st, err := os.Lstat(mark)
 	require.NoError(t, err, "an open stack has a server mark")
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
-	died, err := serverDied(mark)
+	died, err := serverDied(mark, s.journalPath)
 	require.NoError(t, err)
 	assert.False(t, died, "the mark of this live process")
 
@@ -35,12 +36,28 @@ func TestServerMark(t *testing.T) {
 		{"garbage", true},
 	} {
 		require.NoError(t, os.WriteFile(other, []byte(c.mark), 0o600))
-		died, err := serverDied(other)
+		died, err := serverDied(other, other+".journal")
 		require.NoError(t, err)
 		assert.Equal(t, c.died, died, "mark %q", c.mark)
 	}
+	// A server in another pid namespace: its pid names nothing here, its
+	// lock on the journal says it serves.
+	journal := other + ".journal"
+	require.NoError(t, os.WriteFile(journal, nil, 0o600))
+	f, err := os.Open(journal)
+	require.NoError(t, err)
+	require.NoError(t, unix.Flock(int(f.Fd()), unix.LOCK_EX))
+	require.NoError(t, os.WriteFile(other, []byte("v1 "+bootID(t)+" 1 1\n"), 0o600))
+	died, err = serverDied(other, journal)
+	require.NoError(t, err)
+	assert.False(t, died, "a server holding the journal's lock")
+	f.Close()
+	died, err = serverDied(other, journal)
+	require.NoError(t, err)
+	assert.True(t, died, "the lock let go")
+
 	require.NoError(t, os.Remove(other))
-	died, err = serverDied(other)
+	died, err = serverDied(other, other+".journal")
 	require.NoError(t, err)
 	assert.False(t, died, "no mark: a clean stop")
 
