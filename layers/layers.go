@@ -391,8 +391,10 @@ func (cfg *Config) validate() error {
 	return nil
 }
 
-// Close flushes and closes the journal, and then removes the server
-// mark: the journal names all the upper holds.
+// Close flushes the journal, removes the server mark (the journal names
+// all the upper holds) and closes the journal. The mark goes while the
+// journal's lock is held: once it is let go, the next server may have
+// written its own (found by a review on 2026-11-28).
 func (l *Layers) Close() error {
 	l.closeLowerRoots()
 	j := l.Journal()
@@ -400,10 +402,11 @@ func (l *Layers) Close() error {
 		j.Close()
 		return err
 	}
-	if err := j.Close(); err != nil {
+	if err := l.removeServerMark(); err != nil {
+		j.Close()
 		return err
 	}
-	return l.removeServerMark()
+	return j.Close()
 }
 
 // goneFromUpper reports, of each of paths, whether the upper holds

@@ -46,7 +46,16 @@ const serverMarkSuffix = ".server"
 // when it started (a pid alone is used again).
 func serverMark() []byte {
 	start, _ := fsutil.ProcessStart(os.Getpid())
-	return fmt.Appendf(nil, "v1 %s %d %d\n", fsutil.BootID(), os.Getpid(), start)
+	return fmt.Appendf(nil, "v1 %s %d %d\n", bootID(), os.Getpid(), start)
+}
+
+// bootID is fsutil.BootID, "-" where it cannot be read (a mark keeps
+// its four fields).
+func bootID() string {
+	if b := fsutil.BootID(); b != "" {
+		return b
+	}
+	return "-"
 }
 
 // writeServerMark marks the sandbox as served by this process, durably:
@@ -92,7 +101,7 @@ func markDead(path, journal string, lockCounts bool) (bool, error) {
 		return false, fmt.Errorf("read the server mark %q: %w", path, err)
 	}
 	fs := strings.Fields(string(b))
-	if len(fs) != 4 || fs[0] != "v1" || fs[1] != fsutil.BootID() {
+	if len(fs) != 4 || fs[0] != "v1" || fs[1] != bootID() {
 		return true, nil
 	}
 	pid, err1 := strconv.Atoi(fs[2])
@@ -429,7 +438,7 @@ func (rc *reconciler) move() error {
 }
 
 // bornOf is when the upper object at p was made (ns): its birth time,
-// or its ctime where the filesystem keeps none.
+// or changedSince where the filesystem keeps none.
 func (rc *reconciler) bornOf(p string) (int64, error) {
 	var stx unix.Statx_t
 	err := rc.l.UpperDo(p, func(up string) error {
@@ -441,8 +450,15 @@ func (rc *reconciler) bornOf(p string) (int64, error) {
 	if stx.Mask&unix.STATX_BTIME != 0 {
 		return stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec), nil
 	}
-	return stx.Ctime.Sec*1e9 + int64(stx.Ctime.Nsec), nil
+	// No birth time: the ctime moves with every later change of the
+	// upper object, and would take an original changed in between for
+	// what the sandbox saw. Every original counts as changed since.
+	return changedSince, nil
 }
+
+// changedSince is a time before every original's ctime: a base taken
+// against it matches nothing (base).
+const changedSince = 0
 
 // replacedBase records the base of the original's object in the place
 // of p, where the object of the original path from moved (and of what
@@ -595,10 +611,12 @@ func (rc *reconciler) named(p string) error {
 // entries, of everything beneath it too. Only an object of the original
 // that was last changed before the upper object was made is taken for
 // what the sandbox saw (its ctime against the upper object's birth); one
-// changed since, or a copy whose origin names another inode, gets no
-// base, so that a commit finds the conflict: without the lost records
-// nothing tells what the sandbox saw, and a base from now would have a
-// commit overwrite the original's change.
+// changed since, or one that is not the inode a copy's origin names,
+// gets a base that matches nothing, so that a commit refuses over it:
+// without the lost records nothing tells what the sandbox saw, and a
+// base from now would have a commit overwrite (or remove) the
+// original's change. (Until a review on 2026-11-28 such an object got
+// no base, which a removal does not check: a commit removed it.)
 func (rc *reconciler) baseFor(p string, lo *lowerHit, entries bool) error {
 	born, err := rc.bornOf(p)
 	if err != nil {
@@ -608,7 +626,7 @@ func (rc *reconciler) baseFor(p string, lo *lowerHit, entries bool) error {
 	var hasOrigin bool
 	_ = rc.l.UpperDo(p, func(up string) error { og, hasOrigin = rc.l.readOrigin(up); return nil })
 	if hasOrigin && og.ino != 0 && og.ino != rc.l.stableIno(lo.st.Dev, lo.st.Ino) {
-		return nil
+		born = changedSince // another object than the one copied
 	}
 	return rc.base(lo, entries, born)
 }
@@ -626,12 +644,23 @@ func madeBy(typ uint32) Op {
 }
 
 // base records the base of the original's object hit, unless the
-// replay has one or it changed after the time before (ns); with
-// subtree, of everything beneath it too.
+// replay has one: its signature, or one that matches nothing when it
+// changed after the time before (ns); with subtree, of everything
+// beneath it too.
 func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64) error {
 	x := hit.origin.Path
-	if _, seen := rc.t.seen[x]; !seen && hit.origin.Layer == 0 && unix.TimespecToNsec(hit.st.Ctim) <= before {
-		rc.emit(OpBase, x, SignatureOf(&hit.st).String(), 0)
+	if _, seen := rc.t.seen[x]; !seen && hit.origin.Layer == 0 {
+		sig := SignatureOf(&hit.st)
+		if sig.Ctime >= before {
+			// Changed since the sandbox could have seen it (or in the
+			// same tick of the clock, which tells nothing apart): a
+			// base that matches nothing the original can show, so
+			// that a commit refuses over it ("changed in the
+			// original"), removal included (a removal without a base
+			// is none).
+			sig.Ctime = before - 1
+		}
+		rc.emit(OpBase, x, sig.String(), 0)
 	}
 	if !subtree || !hit.isDir() {
 		return nil

@@ -31,7 +31,7 @@ func TestServerMark(t *testing.T) {
 		died bool
 	}{
 		{"v1 not-this-boot 1 1\n", true},
-		{fmt.Sprintf("v1 %s %d 1\n", bootID(t), os.Getpid()), true}, // this pid, another start time
+		{fmt.Sprintf("v1 %s %d 1\n", bootID(), os.Getpid()), true}, // this pid, another start time
 		{"", true},
 		{"garbage", true},
 	} {
@@ -47,7 +47,7 @@ func TestServerMark(t *testing.T) {
 	f, err := os.Open(journal)
 	require.NoError(t, err)
 	require.NoError(t, unix.Flock(int(f.Fd()), unix.LOCK_EX))
-	require.NoError(t, os.WriteFile(other, []byte("v1 "+bootID(t)+" 1 1\n"), 0o600))
+	require.NoError(t, os.WriteFile(other, []byte("v1 "+bootID()+" 1 1\n"), 0o600))
 	died, err = serverDied(other, journal)
 	require.NoError(t, err)
 	assert.False(t, died, "a server holding the journal's lock")
@@ -64,12 +64,6 @@ func TestServerMark(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, err = os.Lstat(mark)
 	assert.True(t, os.IsNotExist(err), "a clean Close removes the mark: %v", err)
-}
-
-func bootID(t *testing.T) string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	require.NoError(t, err)
-	return string(b[:len(b)-1])
 }
 
 // TestRecordsAfterAnUncleanStop: the journal lost its tail (cut back to
