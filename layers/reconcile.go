@@ -437,6 +437,38 @@ func (rc *reconciler) move() error {
 	return nil
 }
 
+// movedInBase records the bases of the original objects the replay had
+// moved beneath p, which went with what p held (mv --exchange c a/c2,
+// then rm -r a: c's entries went too, and a commit checks each).
+func (rc *reconciler) movedInBase(p string) error {
+	var under []string
+	for q := range rc.t.from {
+		if strings.HasPrefix(q, p+"/") && !strings.HasPrefix(rc.t.from[q], madeHere) {
+			under = append(under, q)
+		}
+	}
+	if len(under) == 0 {
+		return nil
+	}
+	slices.Sort(under)
+	born, err := rc.bornOf(p)
+	if err != nil {
+		return err
+	}
+	for _, q := range under {
+		hit, ok, err := rc.l.resolveLower(rc.t.from[q])
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := rc.base(hit, true, born); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // bornOf is when the upper object at p was made (ns): its birth time,
 // or changedSince where the filesystem keeps none.
 func (rc *reconciler) bornOf(p string) (int64, error) {
@@ -556,6 +588,9 @@ func (rc *reconciler) named(p string) error {
 		}
 	}
 	if whiteout || mergesNothing || typ != unix.S_IFDIR {
+		if err := rc.movedInBase(p); err != nil {
+			return err
+		}
 		// What the original has in p's place went too, where p's
 		// lineage leads elsewhere (a rename over it, a removal of what
 		// a rename brought).
