@@ -325,7 +325,7 @@ func (rc *reconciler) moved(p string) error {
 	if !ok {
 		return nil
 	}
-	if x, made := rc.expected(p); !made && x == from {
+	if x, made := rc.expected(p); !made && x == from && !rc.movedBack(p, from, &st) {
 		return nil
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
@@ -340,6 +340,30 @@ func (rc *reconciler) moved(p string) error {
 	rc.pending[p] = from
 	rc.moves = append(rc.moves, lostMove{path: p, from: from})
 	return nil
+}
+
+// movedBack reports whether the object at p, which is where its lineage
+// puts it, came back there by a rename whose record was lost: the replay
+// has the original's object from elsewhere than at p (mv d e recorded,
+// mv e d lost), or, beneath a rename noted above p, elsewhere than
+// beneath the object that rename moves (mv a/y a/b/y recorded, mv a/b/y
+// a/y and mv a b lost). Not for a file with links: a stale lineage of a
+// removed name may lead to another of them.
+func (rc *reconciler) movedBack(p, from string, st *unix.Stat_t) bool {
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+		return false
+	}
+	want := p
+	for a := p; a != ""; {
+		if a, _ = Split(a); a == "" {
+			break
+		}
+		if fa, ok := rc.pending[a]; ok {
+			want = rc.locate(fa) + p[len(a):]
+			break
+		}
+	}
+	return rc.locate(from) != want
 }
 
 // expected is the original path the object at p comes from as the
