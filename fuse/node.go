@@ -646,13 +646,10 @@ func (n *node) setattrOrphan(a layers.SetAttr, errno syscall.Errno) (unix.Stat_t
 }
 
 // orphaned makes st the attributes of an object removed while open, as
-// ext4 gives them: no link left, and a removed directory is empty (size
-// 0; ext4_rmdir sets it so).
+// ext4 gives them: no link left (a directory rmdir removed was emptied
+// then: emptied).
 func orphaned(st *unix.Stat_t) {
 	st.Nlink = 0
-	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		st.Size = 0
-	}
 }
 
 func toSetAttr(in *gofuse.SetAttrIn) layers.SetAttr {

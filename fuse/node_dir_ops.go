@@ -191,7 +191,24 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	err = n.fs.layers.Rmdir(rel, obj, name, caller(ctx))
+	if err == nil {
+		emptied(n.GetChild(name))
+	}
 	return n.fs.toErrno("rmdir", err)
+}
+
+// emptied gives a directory rmdir removed the size ext4 gives it (0:
+// ext4_rmdir empties it), for whoever holds it open; a directory a rename
+// replaced keeps its size there, as on ext4.
+func emptied(ch *fusefs.Inode) {
+	if ch == nil {
+		return
+	}
+	if cn, ok := ch.Operations().(*node); ok {
+		cn.mu.Lock()
+		cn.last.size = 0
+		cn.mu.Unlock()
+	}
 }
 
 var _ = (fusefs.NodeRenamer)((*node)(nil))
