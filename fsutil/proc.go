@@ -2,7 +2,7 @@ package fsutil
 
 import (
 	"errors"
-	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -62,30 +62,30 @@ func ProcessStart(pid int) (start uint64, ok bool) {
 	return start, err == nil
 }
 
-// FlockHeld reports whether some process holds a flock(2) lock on the
-// file at path (/proc/locks, which lists every lock on the machine,
-// whatever pid namespace its holder is in). A symlink at path is not
-// followed.
-func FlockHeld(path string) (bool, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return false, err
-	}
-	// The kernel prints the device as "%02x:%02x" of its major and
-	// minor numbers, then ":%lu" the inode.
-	id := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
-	b, err := os.ReadFile("/proc/locks")
+// HoldLock places a write lock on the whole file open at fd, held by
+// its open file description (F_OFD_SETLK) until the description's last
+// descriptor is closed, and seen by LockedElsewhere from any process in
+// any pid namespace. Unlike flock(2), which the kernel shows only in
+// /proc/locks (and there hides a holder whose pid the reader's
+// namespace does not see), it can be asked about without placing it.
+func HoldLock(fd int) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	return unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
+}
+
+// LockedElsewhere reports whether some open file description holds a
+// lock on the file at path that a write lock of the whole file would
+// conflict with (HoldLock's), without placing one (F_OFD_GETLK). A
+// symlink at path is not followed.
+func LockedElsewhere(path string) (bool, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false, err
+		return false, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 1 && f[1] == "->" {
-			continue // a waiter, not a holder
-		}
-		if len(f) >= 6 && f[1] == "FLOCK" && f[5] == id {
-			return true, nil
-		}
+	defer unix.Close(fd)
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &lk); err != nil {
+		return false, &os.PathError{Op: "F_OFD_GETLK", Path: path, Err: err}
 	}
-	return false, nil
+	return lk.Type != unix.F_UNLCK, nil
 }

@@ -373,6 +373,9 @@ func (j *Journal) compactOnce() (before, after int64, dropped int, err error) {
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return size0, size0, 0, fmt.Errorf("compact journal: lock %q: %w", tmp, err)
 	}
+	if err := fsutil.HoldLock(fd); err != nil {
+		return size0, size0, 0, fmt.Errorf("compact journal: lock %q: %w", tmp, err)
+	}
 	head := append(versionHeader(compactedVersion), body...)
 	if err := writeAll(fd, head); err != nil {
 		return size0, size0, 0, fmt.Errorf("compact journal: write %q: %w", tmp, err)

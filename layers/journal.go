@@ -355,6 +355,11 @@ func (j *Journal) load() error {
 	if err := unix.Lstat(j.path, &now); err != nil || now.Ino != locked.Ino || now.Dev != locked.Dev {
 		return errReplaced
 	}
+	// What says to another process that this journal is served
+	// (serverDied): the flock is seen by no one but a second locker.
+	if err := fsutil.HoldLock(j.fd); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
 	// What a compaction interrupted by a crash left (the journal itself
 	// is whole: the rename comes last).
 	if err := unix.Unlink(j.path + compactSuffix); err != nil && err != unix.ENOENT {

@@ -113,9 +113,9 @@ func markDead(path, journal string, lockCounts bool) (bool, error) {
 		return false, nil
 	}
 	// A server in another pid namespace is not found by its pid: its
-	// lock on the journal says it serves.
+	// lock on the journal (Journal.load) says it serves.
 	if lockCounts {
-		if held, err := fsutil.FlockHeld(journal); err == nil && held {
+		if held, err := fsutil.LockedElsewhere(journal); err == nil && held {
 			return false, nil
 		}
 	}

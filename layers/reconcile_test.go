@@ -3,12 +3,14 @@ package layers
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
+
+	"github.com/sbxfs/sbxfs/fsutil"
 )
 
 // TestServerMark: a stack opened for serving marks its journal (durably,
@@ -44,9 +46,9 @@ func TestServerMark(t *testing.T) {
 	// lock on the journal says it serves.
 	journal := other + ".journal"
 	require.NoError(t, os.WriteFile(journal, nil, 0o600))
-	f, err := os.Open(journal)
+	f, err := os.OpenFile(journal, os.O_RDWR, 0)
 	require.NoError(t, err)
-	require.NoError(t, unix.Flock(int(f.Fd()), unix.LOCK_EX))
+	require.NoError(t, fsutil.HoldLock(int(f.Fd())))
 	require.NoError(t, os.WriteFile(other, []byte("v1 "+bootID()+" 1 1\n"), 0o600))
 	died, err = serverDied(other, journal)
 	require.NoError(t, err)
@@ -64,6 +66,36 @@ func TestServerMark(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, err = os.Lstat(mark)
 	assert.True(t, os.IsNotExist(err), "a clean Close removes the mark: %v", err)
+}
+
+// TestServerMarkFromAnotherPidNamespace: a reader in a pid namespace of
+// its own (a container's `sbxfs status` of a sandbox served outside it)
+// finds neither the server's pid nor, in /proc/locks, its flock (the
+// kernel hides a lock whose holder's pid the reader's namespace does not
+// see): the journal's open file description lock still says the server
+// is alive, so the reader does not take a live sandbox for one whose
+// server stopped uncleanly.
+func TestServerMarkFromAnotherPidNamespace(t *testing.T) {
+	const env = "SBXFS_TEST_MARK_PROBE"
+	if spec := os.Getenv(env); spec != "" {
+		var mark, journal string
+		_, err := fmt.Sscanf(spec, "%q %q", &mark, &journal)
+		require.NoError(t, err)
+		died, err := serverDied(mark, journal)
+		require.NoError(t, err)
+		fmt.Printf("probe: died=%v\n", died)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("unshare --pid needs root")
+	}
+	s := newStack(t, map[string]string{"a": "A"})
+	cmd := exec.Command("unshare", "--pid", "--fork", "--mount", "--mount-proc", os.Args[0],
+		"-test.run", "^TestServerMarkFromAnotherPidNamespace$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%q %q", env, s.journalPath+serverMarkSuffix, s.journalPath))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "probe: died=false", "the reader in its own pid namespace sees the server alive")
 }
 
 // TestRecordsAfterAnUncleanStop: the journal lost its tail (cut back to
