@@ -31,6 +31,18 @@ func MountID(fd int) (uint64, error) {
 	return st.Mnt_id, nil
 }
 
+// UniqueMountID returns the identifier the kernel gives the mount the object at
+// path is reached through (statx STATX_MNT_ID_UNIQUE: never used again
+// on this boot, unlike STATX_MNT_ID), not following a symlink at path.
+// ok is false when the kernel does not give one (before Linux 6.8).
+func UniqueMountID(path string) (id uint64, ok bool) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID_UNIQUE, &stx); err != nil {
+		return 0, false
+	}
+	return stx.Mnt_id, stx.Mask&unix.STATX_MNT_ID_UNIQUE != 0
+}
+
 // SameMount reports whether the paths a and b lie on one mount, so that
 // rename(2) and link(2) between them can work: the same filesystem is not
 // enough, a bind mount of it is another mount (EXDEV). Where statx(2)

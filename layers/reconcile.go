@@ -19,8 +19,9 @@ import (
 //
 // A record is written before its operation, so a crash of the server
 // leaves a journal that names every change the upper holds (and perhaps
-// one it does not: the change set reads the upper for every path). A
-// power cut is another matter: the upper's own changes (a rename, a
+// one it does not: the change set reads the upper for every path): what
+// it wrote is in the page cache, which outlives the process. A power cut
+// (or a filesystem shut down and mounted again) is another matter: the upper's own changes (a rename, a
 // mkdir, a whiteout, a copy-up) become durable with any commit of its
 // filesystem's journal, which another process's fsync forces, while the
 // records are durable only once Journal.Sync ran (every 200 ms, or an
@@ -30,11 +31,18 @@ import (
 // dropped them (found by a power-cut probe on 2026-11-28).
 //
 // So a server leaves a mark beside the journal (journal.server: the
-// boot, its pid and start time) while it serves, written and synced
-// before it changes anything, removed once it closed the journal cleanly.
-// A mark whose process is gone says the last stop was unclean: the
-// journal is reconciled with the upper (reconcile), by a one-time walk of
-// the upper that names what the journal does not. A server opening the
+// boot, its pid and start time, the mount the journal is reached
+// through) while it serves, written and synced before it changes
+// anything, removed once it closed the journal cleanly. A mark whose
+// process is gone on this boot, with the journal's mount the same, says
+// the process crashed: the journal is whole. Otherwise a mark whose
+// process is gone says records may have been lost: the journal is
+// reconciled with the upper (reconcile), by a one-time walk of the upper
+// that names what the journal does not. (Until 2026-11-28 a crash was
+// reconciled too: the walk, which cannot tell a lost change of the
+// sandbox's from one the original made since, then turned the
+// original's chmod of a directory the sandbox had only written in into
+// a conflict: TestCrashWithAWholeJournalWhileTheOriginalChanges.) A server opening the
 // sandbox appends those records before it serves; a reader (status,
 // diff, commit of an unmounted sandbox) adds them to what it read
 // without writing them.
@@ -43,10 +51,19 @@ import (
 const serverMarkSuffix = ".server"
 
 // serverMark is what a server's mark holds: this boot, the process and
-// when it started (a pid alone is used again).
-func serverMark() []byte {
+// when it started (a pid alone is used again), and the mount the journal
+// at journal is reached through ("-" where the kernel names none).
+func serverMark(journal string) []byte {
 	start, _ := fsutil.ProcessStart(os.Getpid())
-	return fmt.Appendf(nil, "v1 %s %d %d\n", bootID(), os.Getpid(), start)
+	return fmt.Appendf(nil, "v2 %s %d %d %s\n", bootID(), os.Getpid(), start, mountID(journal))
+}
+
+// mountID is fsutil.UniqueMountID as a mark writes it.
+func mountID(path string) string {
+	if id, ok := fsutil.UniqueMountID(path); ok {
+		return strconv.FormatUint(id, 10)
+	}
+	return "-"
 }
 
 // bootID is fsutil.BootID, "-" where it cannot be read (a mark keeps
@@ -61,7 +78,7 @@ func bootID() string {
 // writeServerMark marks the sandbox as served by this process, durably:
 // the mark must be on disk before any change of the upper is.
 func (l *Layers) writeServerMark() error {
-	if err := fsutil.WriteFileAtomic(l.mark, serverMark(), 0o600); err != nil {
+	if err := fsutil.WriteFileAtomic(l.mark, serverMark(l.journalPath), 0o600); err != nil {
 		return fmt.Errorf("mark the sandbox as served: %w", err)
 	}
 	return nil
@@ -77,49 +94,72 @@ func (l *Layers) removeServerMark() error {
 	return nil
 }
 
-// serverDied reports whether the server mark at path names a server that
-// is gone: of another boot, a process that ended (and no process holds
-// the lock of the journal at journal), or not readable as a mark at
-// all. No mark: the last server stopped cleanly (or none ran).
-func serverDied(path, journal string) (bool, error) {
-	return markDead(path, journal, true)
+// A lastStop is how the last server of a sandbox stopped, as its mark
+// tells.
+type lastStop int
+
+const (
+	// stoppedCleanly: no mark. The last server closed the journal (or
+	// none ran).
+	stoppedCleanly lastStop = iota
+	// serving: the mark's server is alive.
+	serving
+	// crashed: its process ended on this boot, and the journal is
+	// reached through the mount it was: every record it wrote is there,
+	// before the operation it names.
+	crashed
+	// lostRecords: it ended otherwise (another boot, the journal's
+	// filesystem mounted again, or a mark that does not read): the
+	// upper may hold changes whose records were lost.
+	lostRecords
+)
+
+// serverStop reads the server mark at path, beside the journal at
+// journal.
+func serverStop(path, journal string) (lastStop, error) {
+	return markStop(path, journal, true)
 }
 
-// markDead is serverDied; lockCounts false for a caller that holds the
+// markStop is serverStop; lockCounts false for a caller that holds the
 // journal's lock itself (Open: no other server can be serving).
-func markDead(path, journal string, lockCounts bool) (bool, error) {
+func markStop(path, journal string, lockCounts bool) (lastStop, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return stoppedCleanly, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read the server mark: %w", err)
+		return 0, fmt.Errorf("read the server mark: %w", err)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, 256))
 	f.Close()
 	if err != nil {
-		return false, fmt.Errorf("read the server mark %q: %w", path, err)
+		return 0, fmt.Errorf("read the server mark %q: %w", path, err)
 	}
+	// v1 (written until 2026-11-28) has no mount: a crash it names is
+	// taken for a loss.
 	fs := strings.Fields(string(b))
-	if len(fs) != 4 || fs[0] != "v1" || fs[1] != bootID() {
-		return true, nil
+	if !(len(fs) == 4 && fs[0] == "v1" || len(fs) == 5 && fs[0] == "v2") || fs[1] != bootID() || fs[1] == "-" {
+		return lostRecords, nil
 	}
 	pid, err1 := strconv.Atoi(fs[2])
 	start, err2 := strconv.ParseUint(fs[3], 10, 64)
 	if err1 != nil || err2 != nil {
-		return true, nil
+		return lostRecords, nil
 	}
 	if now, alive := fsutil.ProcessStart(pid); alive && now == start {
-		return false, nil
+		return serving, nil
 	}
 	// A server in another pid namespace is not found by its pid: its
 	// lock on the journal (Journal.load) says it serves.
 	if lockCounts {
 		if held, err := fsutil.LockedElsewhere(journal); err == nil && held {
-			return false, nil
+			return serving, nil
 		}
 	}
-	return true, nil
+	if len(fs) == 5 && fs[4] != "-" && fs[4] == mountID(journal) {
+		return crashed, nil
+	}
+	return lostRecords, nil
 }
 
 // Records returns the records of cfg's journal as the change set reads
@@ -141,8 +181,8 @@ func (l *Layers) readRecords() ([]Record, error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	died, err := serverDied(l.mark, l.journalPath)
-	if err != nil || !died {
+	stop, err := serverStop(l.mark, l.journalPath)
+	if err != nil || stop != lostRecords {
 		return recs, err
 	}
 	more, err := l.reconcile(recs)
@@ -156,8 +196,8 @@ func (l *Layers) readRecords() ([]Record, error) {
 // gives, when the last server stopped uncleanly, and syncs them. It
 // returns how many.
 func (l *Layers) reconcileOpened() (int, error) {
-	died, err := markDead(l.mark, l.journalPath, false)
-	if err != nil || !died {
+	stop, err := markStop(l.mark, l.journalPath, false)
+	if err != nil || stop != lostRecords {
 		return 0, err
 	}
 	recs, err := l.journal.Records()

@@ -3,6 +3,7 @@ package layers_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -93,4 +94,98 @@ func TestLostRemovalOfADirectoryHoldingAMovedOne(t *testing.T) {
 	x, err := commit.Prepare(cfg, commit.Options{})
 	require.NoError(t, err, "nothing changed in the original: the commit must go through")
 	require.NoError(t, commit.Commit(x))
+}
+
+// TestCrashWithAWholeJournalWhileTheOriginalChanges: the server's process
+// was killed (its journal is whole: every record it wrote is in the page
+// cache, each before its operation) after the sandbox wrote files in
+// directories of the original, which another writer then changed. The
+// mark says a crash, not a loss: no walk of the upper adds records (the
+// walk, which cannot tell a lost change of the sandbox's from one the
+// original made since, took the original's chmod of d for the sandbox's
+// and refused the commit over it; and took the upper's copy of a
+// directory the original replaced with a file for one the sandbox made).
+// The commit is the one a clean stop gives: through over the chmod,
+// refused over the replacement and the removal.
+func TestCrashWithAWholeJournalWhileTheOriginalChanges(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, lower string)
+		check  func(t *testing.T, lower string, err error)
+	}{
+		{"chmod", func(t *testing.T, lower string) {
+			require.NoError(t, os.Chmod(filepath.Join(lower, "d"), 0o700))
+		}, func(t *testing.T, lower string, err error) {
+			require.NoError(t, err, "the commit of a sandbox that never changed d's mode")
+			st, serr := os.Stat(filepath.Join(lower, "d"))
+			require.NoError(t, serr)
+			require.Equal(t, os.FileMode(0o700), st.Mode().Perm(), "the original's chmod stays")
+			got, rerr := os.ReadFile(filepath.Join(lower, "d", "x"))
+			require.NoError(t, rerr)
+			require.Equal(t, "sandbox", string(got))
+		}},
+		{"replaced and removed", func(t *testing.T, lower string) {
+			require.NoError(t, os.RemoveAll(filepath.Join(lower, "d")))
+			require.NoError(t, os.WriteFile(filepath.Join(lower, "d"), []byte("someone else's file"), 0o644))
+			require.NoError(t, os.RemoveAll(filepath.Join(lower, "e")))
+		}, func(t *testing.T, lower string, err error) {
+			require.Error(t, err, "the commit must refuse: the original replaced d and removed e")
+			got, rerr := os.ReadFile(filepath.Join(lower, "d"))
+			require.NoError(t, rerr)
+			require.Equal(t, "someone else's file", string(got))
+			_, serr := os.Lstat(filepath.Join(lower, "e"))
+			require.True(t, os.IsNotExist(serr), "e stays removed: %v", serr)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := layers.Config{Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"), Lowers: []string{filepath.Join(dir, "lower")}}
+			lower := cfg.Lowers[0]
+			for _, d := range []string{cfg.Upper, cfg.Work, filepath.Join(lower, "d"), filepath.Join(lower, "e")} {
+				require.NoError(t, os.MkdirAll(d, 0o755))
+			}
+			for _, f := range []string{"d/x", "e/y"} {
+				require.NoError(t, os.WriteFile(filepath.Join(lower, f), []byte("original"), 0o644))
+			}
+			l, err := layers.Open(cfg)
+			require.NoError(t, err)
+			caller := layers.Caller{Pid: 1}
+			for _, f := range []string{"d/x", "e/y"} {
+				root, err := l.Root()
+				require.NoError(t, err)
+				dn, name := filepath.Split(f)
+				de, err := l.Lookup("", root.Obj, filepath.Clean(dn))
+				require.NoError(t, err)
+				fe, err := l.Lookup(filepath.Clean(dn), de.Obj, name)
+				require.NoError(t, err)
+				fd, _, err := l.Open(f, &fe.Obj, unix.O_WRONLY|unix.O_TRUNC, caller)
+				require.NoError(t, err)
+				_, err = unix.Write(fd, []byte("sandbox"))
+				unix.Close(fd)
+				require.NoError(t, err)
+			}
+			// The kill: the journal is whole, the mark stays, naming a
+			// process that is gone (pid 1 started at another time).
+			require.NoError(t, l.Journal().Close())
+			jp := filepath.Join(cfg.Work, "journal")
+			mark, err := os.ReadFile(jp + ".server")
+			require.NoError(t, err)
+			f := strings.Fields(string(mark))
+			require.Len(t, f, 5)
+			f[2], f[3] = "1", "1"
+			require.NoError(t, os.WriteFile(jp+".server", []byte(strings.Join(f, " ")+"\n"), 0o600))
+			whole, err := layers.ReadJournal(jp)
+			require.NoError(t, err)
+
+			c.change(t, lower)
+			recs, err := layers.Records(cfg)
+			require.NoError(t, err)
+			require.Len(t, recs, len(whole), "a crash adds no records")
+			x, err := commit.Prepare(cfg, commit.Options{})
+			if err == nil {
+				err = commit.Commit(x)
+			}
+			c.check(t, lower, err)
+		})
+	}
 }

@@ -15,53 +15,61 @@ import (
 
 // TestServerMark: a stack opened for serving marks its journal (durably,
 // before anything changes the upper) and a clean Close removes the mark;
-// a mark whose process is gone, of another boot, or not a mark at all
-// says the last stop was unclean.
+// a mark whose process is gone on this boot, the journal reached through
+// the same mount, says the process crashed (the journal is whole); of
+// another boot, another mount, or not a mark at all, that records may
+// have been lost.
 func TestServerMark(t *testing.T) {
 	s := newStack(t, map[string]string{"a": "A"})
 	mark := s.journalPath + serverMarkSuffix
 	st, err := os.Lstat(mark)
 	require.NoError(t, err, "an open stack has a server mark")
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
-	died, err := serverDied(mark, s.journalPath)
+	stop, err := serverStop(mark, s.journalPath)
 	require.NoError(t, err)
-	assert.False(t, died, "the mark of this live process")
+	assert.Equal(t, serving, stop, "the mark of this live process")
 
 	other := filepath.Join(t.TempDir(), "mark")
+	journal := other + ".journal"
+	require.NoError(t, os.WriteFile(journal, nil, 0o600))
+	mnt := mountID(journal)
+	require.NotEqual(t, "-", mnt, "this kernel gives unique mount ids (Linux 6.8)")
 	for _, c := range []struct {
 		mark string
-		died bool
+		stop lastStop
 	}{
-		{"v1 not-this-boot 1 1\n", true},
-		{fmt.Sprintf("v1 %s %d 1\n", bootID(), os.Getpid()), true}, // this pid, another start time
-		{"", true},
-		{"garbage", true},
+		{"v2 not-this-boot 1 1 " + mnt + "\n", lostRecords},
+		{fmt.Sprintf("v2 %s %d 1 %s\n", bootID(), os.Getpid(), mnt), crashed}, // this pid, another start time
+		{fmt.Sprintf("v2 %s 1 1 %s\n", bootID(), mnt), crashed},
+		{fmt.Sprintf("v2 %s 1 1 1%s\n", bootID(), mnt), lostRecords}, // another mount
+		{fmt.Sprintf("v2 %s 1 1 -\n", bootID()), lostRecords},
+		{fmt.Sprintf("v1 %s 1 1\n", bootID()), lostRecords},
+		{"", lostRecords},
+		{"garbage", lostRecords},
 	} {
 		require.NoError(t, os.WriteFile(other, []byte(c.mark), 0o600))
-		died, err := serverDied(other, other+".journal")
+		stop, err := serverStop(other, journal)
 		require.NoError(t, err)
-		assert.Equal(t, c.died, died, "mark %q", c.mark)
+		assert.Equal(t, c.stop, stop, "mark %q", c.mark)
 	}
 	// A server in another pid namespace: its pid names nothing here, its
 	// lock on the journal says it serves.
-	journal := other + ".journal"
-	require.NoError(t, os.WriteFile(journal, nil, 0o600))
 	f, err := os.OpenFile(journal, os.O_RDWR, 0)
 	require.NoError(t, err)
 	require.NoError(t, fsutil.HoldLock(int(f.Fd())))
 	require.NoError(t, os.WriteFile(other, []byte("v1 "+bootID()+" 1 1\n"), 0o600))
-	died, err = serverDied(other, journal)
+	stop, err = serverStop(other, journal)
 	require.NoError(t, err)
-	assert.False(t, died, "a server holding the journal's lock")
+	assert.Equal(t, serving, stop, "a server holding the journal's lock")
 	f.Close()
-	died, err = serverDied(other, journal)
+	stop, err = serverStop(other, journal)
 	require.NoError(t, err)
-	assert.True(t, died, "the lock let go")
+	assert.Equal(t, lostRecords, stop, "the lock let go")
 
 	require.NoError(t, os.Remove(other))
-	died, err = serverDied(other, other+".journal")
+	stop, err = serverStop(other, journal)
 	require.NoError(t, err)
-	assert.False(t, died, "no mark: a clean stop")
+	assert.Equal(t, stoppedCleanly, stop, "no mark: a clean stop")
 
 	require.NoError(t, s.Close())
 	_, err = os.Lstat(mark)
@@ -81,9 +89,9 @@ func TestServerMarkFromAnotherPidNamespace(t *testing.T) {
 		var mark, journal string
 		_, err := fmt.Sscanf(spec, "%q %q", &mark, &journal)
 		require.NoError(t, err)
-		died, err := serverDied(mark, journal)
+		stop, err := serverStop(mark, journal)
 		require.NoError(t, err)
-		fmt.Printf("probe: died=%v\n", died)
+		fmt.Printf("probe: serving=%v\n", stop == serving)
 		return
 	}
 	if os.Geteuid() != 0 {
@@ -95,7 +103,7 @@ func TestServerMarkFromAnotherPidNamespace(t *testing.T) {
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%q %q", env, s.journalPath+serverMarkSuffix, s.journalPath))
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	assert.Contains(t, string(out), "probe: died=false", "the reader in its own pid namespace sees the server alive")
+	assert.Contains(t, string(out), "probe: serving=true", "the reader in its own pid namespace sees the server alive")
 }
 
 // TestRecordsAfterAnUncleanStop: the journal lost its tail (cut back to
