@@ -629,7 +629,7 @@ func (rc *reconciler) named(p string) error {
 		}
 	}
 	if p == "" {
-		if unnamed {
+		if unnamed && rc.attrsDiffer(p, nil) {
 			rc.emit(OpSetattr, "", "", AttrMode|AttrOwner)
 		}
 		return nil
@@ -692,10 +692,11 @@ func (rc *reconciler) named(p string) error {
 			rc.emit(OpUnlink, p, "", 0)
 		}
 	case typ == unix.S_IFDIR:
-		if lo != nil && !opaque && lo.isDir() {
-			rc.emit(OpSetattr, p, "", AttrMode|AttrOwner)
-		} else {
+		switch {
+		case lo == nil || opaque || !lo.isDir():
 			rc.emit(OpMkdir, p, "", 0)
+		case rc.attrsDiffer(p, lo):
+			rc.emit(OpSetattr, p, "", AttrMode|AttrOwner)
 		}
 	case lo == nil:
 		rc.emit(madeBy(typ), p, "", 0)
@@ -703,6 +704,21 @@ func (rc *reconciler) named(p string) error {
 		rc.emit(OpWrite, p, "", 0)
 	}
 	return nil
+}
+
+// attrsDiffer reports whether the upper directory at p differs from lo,
+// the original's directory it copies (nil: the root, p ""), in its own
+// attributes (mode, owner, extended attributes, flags): a directory the
+// sandbox only made changes in needs no record, and its base (changed
+// since, when the original made or removed an entry there) no check.
+// In doubt, it differs.
+func (rc *reconciler) attrsDiffer(p string, lo *lowerHit) bool {
+	if lo == nil {
+		_, changed, err := rc.l.classifyRoot(false)
+		return err != nil || changed
+	}
+	kind, err := rc.l.compare(p, nil, lo, false, false)
+	return err != nil || kind != ""
 }
 
 // baseFor records the base of lo, the original's object that the upper
@@ -756,8 +772,15 @@ func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64) error {
 			// base that matches nothing the original can show, so
 			// that a commit refuses over it ("changed in the
 			// original"), removal included (a removal without a base
-			// is none).
+			// is none). A directory's mode too: a commit takes a
+			// directory whose mode is its base's for one whose
+			// entries alone changed (each checked on its own), and
+			// would have put back the mode of a directory the
+			// original chmodded since (found on 2026-11-28).
 			sig.Ctime = before - 1
+			if hit.isDir() {
+				sig.Mode ^= 0o7777
+			}
 		}
 		rc.emit(OpBase, x, sig.String(), 0)
 	}
