@@ -559,18 +559,21 @@ const changedSince = 0
 // replacedBase records the base of the original's object in the place
 // of p, where the object of the original path from moved (and of what
 // it holds: it went whole), taken for what the sandbox saw when it was
-// last changed before the upper object at p was (its ctime: a rename
-// sets it).
+// last changed before the upper object at p was made.
 func (rc *reconciler) replacedBase(p, from string) error {
 	lo, ok, err := rc.l.lowerInPlace(nil, p)
 	if err != nil || !ok || lo.origin.Path == from {
 		return err
 	}
-	var st unix.Stat_t
-	if err := rc.l.upperLstat(p, &st); err != nil {
-		return fmt.Errorf("upper %q: %w", p, err)
+	// The rename came after the moved object was made: its birth is
+	// the latest time known to be before it. (Its ctime, taken until
+	// 2026-11-28, moves with any later change of it, past a change the
+	// original made after the rename: TestLostRenameOverAnOriginalChangedSince.)
+	born, err := rc.bornOf(p)
+	if err != nil {
+		return err
 	}
-	return rc.base(lo, true, unix.TimespecToNsec(st.Ctim))
+	return rc.base(lo, true, born)
 }
 
 // asideName is a name at the root for the i-th lost rename's detour that
