@@ -54,7 +54,7 @@ func (t *tree) parent(rel string) (int, string, error) {
 	}
 	dir, name := path.Split(rel)
 	if dir == "" {
-		fd, err := unix.Dup(t.fd)
+		fd, err := fsutil.Dup(t.fd)
 		return fd, name, err
 	}
 	fd, err := fsutil.OpenBeneath(t.fd, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
@@ -145,7 +145,7 @@ func (t *tree) rmdir(rel string) error {
 // the root.
 func (t *tree) openObj(rel string) (int, error) {
 	if rel == "" {
-		return unix.Dup(t.fd)
+		return fsutil.Dup(t.fd)
 	}
 	dfd, name, err := t.parent(rel)
 	if err != nil {
@@ -187,7 +187,7 @@ func (t *tree) dirMount(rel string) (uint64, error) {
 	var fd int
 	var err error
 	if rel == "" {
-		fd, err = unix.Dup(t.fd)
+		fd, err = fsutil.Dup(t.fd)
 	} else {
 		fd, err = fsutil.OpenBeneath(t.fd, rel, unix.O_PATH|unix.O_DIRECTORY, 0)
 	}

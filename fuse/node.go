@@ -129,7 +129,7 @@ func (n *node) mutableTarget() (rel string, fd int, errno syscall.Errno) {
 	for i, h := range lowerHandles {
 		nfd := copyFd
 		if i > 0 {
-			if nfd, err = unix.Dup(copyFd); err != nil {
+			if nfd, err = fsutil.Dup(copyFd); err != nil {
 				return "", -1, n.fs.toErrno("copy up", err)
 			}
 		}

@@ -329,7 +329,7 @@ func (j *Journal) compactOnce() (before, after int64, dropped int, err error) {
 	}
 	size0 := j.size
 	gone := j.gone
-	rd, err := unix.Dup(j.fd)
+	rd, err := fsutil.Dup(j.fd)
 	j.mu.Unlock()
 	if err != nil {
 		return size0, size0, 0, fmt.Errorf("compact journal %q: %w", j.path, err)
