@@ -525,7 +525,7 @@ func (rc *reconciler) movedInBase(p string) error {
 			return err
 		}
 		if ok {
-			if err := rc.base(hit, true, born); err != nil {
+			if err := rc.base(hit, true, born, 0); err != nil {
 				return err
 			}
 		}
@@ -573,7 +573,7 @@ func (rc *reconciler) replacedBase(p, from string) error {
 	if err != nil {
 		return err
 	}
-	return rc.base(lo, true, born)
+	return rc.base(lo, true, born, 0)
 }
 
 // asideName is a name at the root for the i-th lost rename's detour that
@@ -633,6 +633,16 @@ func (rc *reconciler) named(p string) error {
 	}
 	if p == "" {
 		if unnamed && rc.attrsDiffer(p, nil) {
+			// Its base too: the one the first open wrote may be among
+			// the records lost, and a change without a base is no
+			// conflict.
+			root := &lowerHit{}
+			if err := unix.Lstat(rc.l.lowers[0], &root.st); err != nil {
+				return fmt.Errorf("original %q: %w", rc.l.lowers[0], err)
+			}
+			if err := rc.baseFor("", root, false); err != nil {
+				return err
+			}
 			rc.emit(OpSetattr, "", "", AttrMode|AttrOwner)
 		}
 		return nil
@@ -670,7 +680,7 @@ func (rc *reconciler) named(p string) error {
 			if err != nil {
 				return err
 			}
-			if err := rc.base(in, true, born); err != nil {
+			if err := rc.base(in, true, born, 0); err != nil {
 				return err
 			}
 		}
@@ -742,11 +752,25 @@ func (rc *reconciler) baseFor(p string, lo *lowerHit, entries bool) error {
 	}
 	var og origin
 	var hasOrigin bool
-	_ = rc.l.UpperDo(p, func(up string) error { og, hasOrigin = rc.l.readOrigin(up); return nil })
+	var st unix.Stat_t
+	_ = rc.l.UpperDo(p, func(up string) error {
+		og, hasOrigin = rc.l.readOrigin(up)
+		return unix.Lstat(up, &st)
+	})
 	if hasOrigin && og.ino != 0 && og.ino != rc.l.stableIno(lo.st.Dev, lo.st.Ino) {
 		born = changedSince // another object than the one copied
 	}
-	return rc.base(lo, entries, born)
+	return rc.base(lo, entries, born, st.Mode)
+}
+
+// bornSince reports whether the original's object hit was made at the
+// time before (ns) or later, where its filesystem keeps birth times.
+func (rc *reconciler) bornSince(hit *lowerHit, before int64) bool {
+	var stx unix.Statx_t
+	err := rc.l.lowerDo(hit.origin, func(lpath string) error {
+		return unix.Statx(unix.AT_FDCWD, lpath, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME, &stx)
+	})
+	return err == nil && stx.Mask&unix.STATX_BTIME != 0 && stx.Btime.Sec*1e9+int64(stx.Btime.Nsec) >= before
 }
 
 // madeBy is the operation that makes an object of type typ.
@@ -764,8 +788,9 @@ func madeBy(typ uint32) Op {
 // base records the base of the original's object hit, unless the
 // replay has one: its signature, or one that matches nothing when it
 // changed after the time before (ns); with subtree, of everything
-// beneath it too.
-func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64) error {
+// beneath it too. copyMode, when not 0, is the mode of the upper
+// directory that copies hit.
+func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64, copyMode uint32) error {
 	x := hit.origin.Path
 	if _, seen := rc.t.seen[x]; !seen && hit.origin.Layer == 0 {
 		sig := SignatureOf(&hit.st)
@@ -775,14 +800,24 @@ func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64) error {
 			// base that matches nothing the original can show, so
 			// that a commit refuses over it ("changed in the
 			// original"), removal included (a removal without a base
-			// is none). A directory's mode too: a commit takes a
-			// directory whose mode is its base's for one whose
-			// entries alone changed (each checked on its own), and
-			// would have put back the mode of a directory the
-			// original chmodded since (found on 2026-11-28).
+			// is none).
 			sig.Ctime = before - 1
-			if hit.isDir() {
-				sig.Mode ^= 0o7777
+			if rc.bornSince(hit, before) {
+				// Not the object the sandbox saw at all (a directory
+				// removed and made again): "replaced in the
+				// original", which the check of a change's parent
+				// directories, comparing the inode alone, finds too.
+				sig.Ino = 0
+			}
+			if hit.isDir() && copyMode&unix.S_IFMT == unix.S_IFDIR {
+				// A commit takes a directory whose mode is its
+				// base's for one whose entries alone changed (each
+				// checked on its own): the mode is the one the copy
+				// was made with, so that a chmod the original made
+				// since is a conflict, not put back (found on
+				// 2026-11-28), unless the sandbox's lost chmod made
+				// the copy's mode the original's.
+				sig.Mode = copyMode
 			}
 		}
 		rc.emit(OpBase, x, sig.String(), 0)
@@ -800,7 +835,7 @@ func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64) error {
 			return err
 		}
 		if ok {
-			if err := rc.base(c, true, before); err != nil {
+			if err := rc.base(c, true, before, 0); err != nil {
 				return err
 			}
 		}
