@@ -412,7 +412,7 @@ func (j *Journal) compactOnce() (before, after int64, dropped int, err error) {
 	if err := fsutil.SyncDir(filepath.Dir(j.path)); err != nil {
 		// Until the rename is durable a crash brings back the old file,
 		// without what is appended from now on.
-		j.err = fmt.Errorf("compact journal: sync the directory of %q: %w", j.path, err)
+		j.setErr(fmt.Errorf("compact journal: sync the directory of %q: %w", j.path, err))
 		return size0, j.size, dropped, j.err
 	}
 	return size0, j.size, dropped, nil

@@ -305,6 +305,7 @@ type Journal struct {
 	compacting bool                  // a compaction runs
 	compacts   sync.WaitGroup        // the compaction running, which Close waits for
 	onCompact  func(CompactResult)   // told of each compaction, when set
+	onDoubt    func()                // told once err is set, when set
 	gone       func([]string) []bool // confirms dead paths hold nothing (compact.go dropDead), when set
 }
 
@@ -470,6 +471,28 @@ func (j *Journal) OnCompact(fn func(CompactResult)) {
 	j.onCompact = fn
 }
 
+// OnDoubt has fn called once the journal can no longer say that it
+// holds every record appended (a failed fdatasync, a record it could
+// neither write nor take back), with the journal's lock held: fn must
+// not call the journal.
+func (j *Journal) OnDoubt(fn func()) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.onDoubt = fn
+}
+
+// setErr makes err the journal's sticky error, with j.mu held, and tells
+// OnDoubt's function the first time.
+func (j *Journal) setErr(err error) {
+	if j.err != nil {
+		return
+	}
+	j.err = err
+	if j.onDoubt != nil {
+		j.onDoubt()
+	}
+}
+
 // ConfirmGone has the compactions from now on drop the dead paths (made
 // in the sandbox and gone again: compact.go, dropDead) for which fn,
 // given paths, confirms that the upper layer holds nothing there (true
@@ -485,7 +508,7 @@ func (j *Journal) ConfirmGone(fn func(paths []string) []bool) {
 func (j *Journal) write(buf []byte) error {
 	if err := writeAll(j.fd, buf); err != nil {
 		if terr := unix.Ftruncate(j.fd, j.size); terr != nil {
-			j.err = fmt.Errorf("partial record left in %q (truncate: %v): %w", j.path, terr, err)
+			j.setErr(fmt.Errorf("partial record left in %q (truncate: %v): %w", j.path, terr, err))
 			return j.err
 		}
 		return err
@@ -540,7 +563,7 @@ func (j *Journal) syncLocked() error {
 	if err := unix.Fdatasync(fd); err != nil {
 		err = fmt.Errorf("journal %q: fdatasync: %w", j.path, err)
 		j.mu.Lock()
-		j.err = err
+		j.setErr(err)
 		j.mu.Unlock()
 		return err
 	}

@@ -51,11 +51,12 @@ import (
 const serverMarkSuffix = ".server"
 
 // serverMark is what a server's mark holds: this boot, the process and
-// when it started (a pid alone is used again), and the mount the journal
-// at journal is reached through ("-" where the kernel names none).
-func serverMark(journal string) []byte {
+// when it started (a pid alone is used again), and mount, the mount the
+// journal is reached through (mountID; "-" for none: a crash is then
+// taken for a loss of records).
+func serverMark(mount string) []byte {
 	start, _ := fsutil.ProcessStart(os.Getpid())
-	return fmt.Appendf(nil, "v2 %s %d %d %s\n", bootID(), os.Getpid(), start, mountID(journal))
+	return fmt.Appendf(nil, "v2 %s %d %d %s\n", bootID(), os.Getpid(), start, mount)
 }
 
 // mountID is fsutil.UniqueMountID as a mark writes it.
@@ -78,10 +79,21 @@ func bootID() string {
 // writeServerMark marks the sandbox as served by this process, durably:
 // the mark must be on disk before any change of the upper is.
 func (l *Layers) writeServerMark() error {
-	if err := fsutil.WriteFileAtomic(l.mark, serverMark(l.journalPath), 0o600); err != nil {
+	if err := fsutil.WriteFileAtomic(l.mark, serverMark(mountID(l.journalPath)), 0o600); err != nil {
 		return fmt.Errorf("mark the sandbox as served: %w", err)
 	}
+	l.journal.OnDoubt(l.markRecordsInDoubt)
 	return nil
+}
+
+// markRecordsInDoubt marks the sandbox as served without naming the
+// journal's mount: once the journal cannot say it holds every record
+// appended (a failed fdatasync may have dropped its pages, with no
+// remount to tell), a crash of this server is taken for a loss, and the
+// next open walks the upper (found by a review on 2026-11-28). A failure
+// here leaves the mark as it was.
+func (l *Layers) markRecordsInDoubt() {
+	_ = fsutil.WriteFileAtomic(l.mark, serverMark("-"), 0o600)
 }
 
 // removeServerMark says the journal names all the upper holds: the

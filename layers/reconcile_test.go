@@ -1,10 +1,12 @@
 package layers
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -74,6 +76,32 @@ func TestServerMark(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, err = os.Lstat(mark)
 	assert.True(t, os.IsNotExist(err), "a clean Close removes the mark: %v", err)
+}
+
+// TestServerMarkAfterJournalDoubt (found by a review on 2026-11-28): once
+// the journal's error is sticky (a failed fdatasync may have dropped
+// records' pages, with no remount to show it), the mark no longer names
+// the journal's mount, so that a crash of the server afterwards is taken
+// for a loss of records, and the close, which fails, leaves it.
+func TestServerMarkAfterJournalDoubt(t *testing.T) {
+	s := newStack(t, map[string]string{"a": "A"})
+	mark := s.journalPath + serverMarkSuffix
+	j := s.Journal()
+	j.mu.Lock()
+	j.setErr(errors.New("fdatasync: input/output error (injected)"))
+	j.mu.Unlock()
+	b, err := os.ReadFile(mark)
+	require.NoError(t, err)
+	f := strings.Fields(string(b))
+	require.Len(t, f, 5)
+	assert.Equal(t, "-", f[4], "the mark names no mount once the journal is in doubt")
+	require.Error(t, s.Close())
+	// The server's process gone (pid 1, another start time): a loss.
+	f[2], f[3] = "1", "1"
+	require.NoError(t, os.WriteFile(mark, []byte(strings.Join(f, " ")+"\n"), 0o600))
+	stop, err := serverStop(mark, s.journalPath)
+	require.NoError(t, err)
+	assert.Equal(t, lostRecords, stop)
 }
 
 // TestServerMarkFromAnotherPidNamespace: a reader in a pid namespace of
