@@ -56,7 +56,15 @@ func (l *Layers) noteBase(o Origin, st *unix.Stat_t) error {
 	if _, seen := l.bases.LoadOrStore(o.Path, true); seen {
 		return nil
 	}
-	return l.Journal().Append(Record{Op: OpBase, Path: o.Path, Path2: SignatureOf(st).String(), Time: now()})
+	err := l.Journal().Append(Record{Op: OpBase, Path: o.Path, Path2: SignatureOf(st).String(), Time: now()})
+	if err != nil {
+		// Not recorded: the next change of it (the operation tried
+		// again once the disk has room) records it. Kept as seen, a
+		// removal retried went ahead without a base, which a commit
+		// does not check (found by a review on 2026-11-28).
+		l.bases.Delete(o.Path)
+	}
+	return err
 }
 
 // Bases returns the first recorded signature of every original path the

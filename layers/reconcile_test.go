@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/sbxfs/sbxfs/fsutil"
 )
@@ -237,4 +238,48 @@ func BenchmarkReconcile(b *testing.B) {
 			b.ReportMetric(float64(len(recs)), "records")
 		}
 	}
+}
+
+// TestBaseRecordedWhenARemovalIsTriedAgain (found by a review on
+// 2026-11-28): an unlink whose base record found no room in the journal
+// (its own record did) fails; tried again, it records the base. It was
+// taken for recorded, and the removal went ahead without one: a commit
+// does not check a removal without a base, and removed the original's
+// file whatever another writer had made of it. The room runs out by
+// RLIMIT_FSIZE (write fails with EFBIG; Go ignores SIGXFSZ), in a process
+// of its own: the limit is the whole process's.
+func TestBaseRecordedWhenARemovalIsTriedAgain(t *testing.T) {
+	const env = "SBXFS_TEST_FSIZE_CHILD"
+	if os.Getenv(env) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestBaseRecordedWhenARemovalIsTriedAgain$", "-test.v")
+		cmd.Env = append(os.Environ(), env+"=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, string(out), "--- PASS: TestBaseRecordedWhenARemovalIsTriedAgain", "the child ran the checks")
+		return
+	}
+	s := newStack(t, map[string]string{"a": "A"})
+	require.NoError(t, s.Journal().Sync())
+	unlinkLen := len(appendRecord(nil, &Record{Op: OpUnlink, Path: "a"}))
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(filepath.Join(s.lower, "a"), &st))
+	baseLen := len(appendRecord(nil, &Record{Op: OpBase, Path: "a", Path2: SignatureOf(&st).String()}))
+	s.Journal().mu.Lock()
+	size := s.Journal().size
+	s.Journal().mu.Unlock()
+
+	var was unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_FSIZE, &was))
+	lim := unix.Rlimit{Cur: uint64(size) + uint64(unlinkLen+baseLen) - 1, Max: was.Max}
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_FSIZE, &lim))
+	root := s.dir("")
+	c := Caller{Pid: 1}
+	err := s.Unlink("", root, "a", c)
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_FSIZE, &was))
+	require.ErrorIs(t, err, unix.EFBIG, "the base finds no room")
+	require.NoError(t, s.Unlink("", root, "a", c), "tried again with room")
+	recs, err := s.Journal().Records()
+	require.NoError(t, err)
+	_, based := Bases(recs)["a"]
+	assert.True(t, based, "the removal of a has its base")
 }
