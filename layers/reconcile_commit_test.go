@@ -67,17 +67,7 @@ func TestLostRemovalOfADirectoryHoldingAMovedOne(t *testing.T) {
 	l, err := layers.Open(cfg)
 	require.NoError(t, err)
 	c := layers.Caller{Pid: 1}
-	look := func(names ...string) layers.Entry {
-		e, err := l.Root()
-		require.NoError(t, err)
-		d := ""
-		for _, n := range names {
-			e, err = l.Lookup(d, e.Obj, n)
-			require.NoError(t, err)
-			d = layers.Join(d, n)
-		}
-		return e
-	}
+	look := func(names ...string) layers.Entry { return lookPath(t, l, names...) }
 	src := look("c").Obj
 	require.NoError(t, l.Rename("", look().Obj, "c", &src, "a", look("a").Obj, "c2", unix.RENAME_EXCHANGE, c))
 	jp := filepath.Join(cfg.Work, "journal")
@@ -181,13 +171,8 @@ func TestCrashWithAWholeJournalWhileTheOriginalChanges(t *testing.T) {
 			require.NoError(t, err)
 			caller := layers.Caller{Pid: 1}
 			for _, f := range []string{"d/x", "e/y"} {
-				root, err := l.Root()
-				require.NoError(t, err)
 				dn, name := filepath.Split(f)
-				de, err := l.Lookup("", root.Obj, filepath.Clean(dn))
-				require.NoError(t, err)
-				fe, err := l.Lookup(filepath.Clean(dn), de.Obj, name)
-				require.NoError(t, err)
+				fe := lookPath(t, l, filepath.Clean(dn), name)
 				fd, _, err := l.Open(f, &fe.Obj, unix.O_WRONLY|unix.O_TRUNC, caller)
 				require.NoError(t, err)
 				_, err = unix.Write(fd, []byte("sandbox"))
