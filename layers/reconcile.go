@@ -841,12 +841,19 @@ func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64, copyMode u
 	if err != nil {
 		return fmt.Errorf("original %q: %w", x, err)
 	}
+	// A directory whose entries changed since may hold one the sandbox
+	// never saw there: one made or moved in since (either sets its
+	// ctime) gets no base, so that a commit taking the directory away
+	// refuses over it ("not in the sandbox's view") rather than remove
+	// it. (Until 2026-11-28 it got one, and a lost rm -r of a
+	// directory removed what another writer had moved into it since.)
+	changed := unix.TimespecToNsec(hit.st.Ctim) >= before
 	for _, e := range ents {
 		c, ok, err := rc.l.resolveLower(Join(x, e.Name))
 		if err != nil {
 			return err
 		}
-		if ok {
+		if ok && !(changed && unix.TimespecToNsec(c.st.Ctim) >= before) {
 			if err := rc.base(c, true, before, 0); err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -229,4 +230,33 @@ func TestLostCreateInADirectoryTheOriginalReplaced(t *testing.T) {
 	require.Error(t, err, "d was replaced in the original")
 	_, err = os.Lstat(filepath.Join(s.lower, "d", "n"))
 	require.True(t, os.IsNotExist(err), "nothing of the sandbox's in the other writer's directory: %v", err)
+}
+
+// TestLostRemovalOfADirectoryAnotherWriterMovedInto (found by a random
+// test of power cuts with another writer, 2026-11-28): rmdir e (empty)
+// lost with the tail; another writer then moves a (holding a/x) into e.
+// The walk based e's entries on the original as it is now, e/b among
+// them, and the commit removed e with the other writer's a/x in it. An
+// entry of a directory changed since that was itself changed since (a
+// rename sets its ctime) gets no base now: the commit refuses.
+func TestLostRemovalOfADirectoryAnotherWriterMovedInto(t *testing.T) {
+	s := newPowerCutStack(t, []string{"e", "a"}, map[string]string{"a/x": "x"})
+	l, err := layers.Open(s.cfg)
+	require.NoError(t, err)
+	require.NoError(t, l.Journal().Sync())
+	kept, err := os.Stat(s.jp)
+	require.NoError(t, err)
+	require.NoError(t, l.Rmdir("", lookPath(t, l).Obj, "e", layers.Caller{Pid: 1}))
+	powerCut(t, l, s.jp, kept.Size())
+	time.Sleep(20 * time.Millisecond) // past the clock's tick
+	require.NoError(t, os.Rename(filepath.Join(s.lower, "a"), filepath.Join(s.lower, "e", "b")))
+
+	x, err := commit.Prepare(s.cfg, commit.Options{})
+	if err == nil {
+		err = commit.Commit(x)
+	}
+	got, rerr := os.ReadFile(filepath.Join(s.lower, "e", "b", "x"))
+	require.NoError(t, rerr, "the other writer's file after the commit (%v)", err)
+	require.Equal(t, "x", string(got))
+	require.Error(t, err, "the commit must refuse: e holds what the sandbox never saw")
 }
