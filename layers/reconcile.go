@@ -365,6 +365,31 @@ func (rc *reconciler) cameFrom(p string, st *unix.Stat_t) (from string, ok bool)
 	return from, ok
 }
 
+// redirectedFromGone returns the original path a directory's redirect
+// names (a rename of an original directory sets it) where the original
+// no longer has a directory there: another writer removed or moved it
+// after the sandbox's rename, whose record was lost. The rename is
+// noted all the same, with a base that fails (move), so that a commit
+// refuses as with the whole journal, instead of making the directory
+// anew (found by a random test of power cuts with another writer,
+// 2026-11-28).
+func (rc *reconciler) redirectedFromGone(p string, st *unix.Stat_t) (string, bool) {
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", false
+	}
+	var r string
+	_ = rc.l.UpperDo(p, func(up string) error { r = rc.l.redirectOf(up); return nil })
+	from, ok := strings.CutPrefix(r, "/")
+	if !ok {
+		return "", false
+	}
+	lo, there, err := rc.l.resolveLower(from)
+	if err != nil || (there && lo.isDir()) {
+		return "", false
+	}
+	return from, true
+}
+
 // moved notes the rename (or link) that brought the upper object at p
 // there, when its own attributes say it came from an original object
 // that neither the replay nor a rename noted above p puts there.
@@ -375,7 +400,9 @@ func (rc *reconciler) moved(p string) error {
 	}
 	from, ok := rc.cameFrom(p, &st)
 	if !ok {
-		return nil
+		if from, ok = rc.redirectedFromGone(p, &st); !ok {
+			return nil
+		}
 	}
 	if x, made := rc.expected(p); !made && x == from && !rc.movedBack(p, from, &st) {
 		return nil
@@ -469,6 +496,23 @@ func (rc *reconciler) move() error {
 			if x, made := rc.expected(q); q != m.path && !made && x == m.from {
 				rc.moves[i].link = q
 				break
+			}
+		}
+	}
+	// A moved or linked object whose original the original no longer
+	// has (another writer removed or moved it since): its base fails
+	// (found by a random test of power cuts with another writer,
+	// 2026-11-28: the commit made the object again).
+	for _, m := range rc.moves {
+		if _, ok, err := rc.l.resolveLower(m.from); err != nil {
+			return err
+		} else if !ok {
+			var st unix.Stat_t
+			if err := rc.l.upperLstat(m.path, &st); err != nil {
+				return fmt.Errorf("upper %q: %w", m.path, err)
+			}
+			if err := rc.goneBase(m.from, m.path, &st); err != nil {
+				return err
 			}
 		}
 	}
@@ -666,6 +710,12 @@ func (rc *reconciler) named(p string) error {
 		return err
 	}
 	opaque := typ == unix.S_IFDIR && rc.l.upperOpaque(p)
+	if lo == nil && !whiteout && !opaque {
+		gone, err := rc.copyOfGone(p, &st)
+		if err != nil || gone && unnamed {
+			return err
+		}
+	}
 	_, merges := rc.cameFrom(p, &st)
 	mergesNothing := typ == unix.S_IFDIR && !merges
 	if lo != nil {
@@ -746,6 +796,57 @@ func (rc *reconciler) attrsDiffer(p string, lo *lowerHit) bool {
 	return err != nil || kind != ""
 }
 
+// copyOfGone names the upper object at p (st) when it is a copy of the
+// original's object in p's place (its origin names it) that the original
+// no longer has: removed or moved away by another writer after the
+// sandbox copied it. It is named as the lost records would have (a
+// file written, a directory's attributes set; one a record names, whose
+// base came after it and was lost, keeps its records), with a base that the
+// original's nothing fails: the commit refuses ("removed from the
+// original", resolvable) as it does with the whole journal, instead of
+// making the object again over the other writer's removal (found by a
+// random test of power cuts with another writer, 2026-11-28).
+func (rc *reconciler) copyOfGone(p string, st *unix.Stat_t) (bool, error) {
+	var og origin
+	var ok bool
+	_ = rc.l.UpperDo(p, func(up string) error { og, ok = rc.l.readOrigin(up); return nil })
+	x := rc.t.counterpartHere(p)
+	if !ok || og.layer != 0 || og.path != x {
+		return false, nil
+	}
+	if err := rc.goneBase(x, p, st); err != nil {
+		return false, err
+	}
+	if !rc.t.unnamed(p) {
+		return true, nil // its records kept, its base lost with those after
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		rc.emit(OpSetattr, p, "", AttrMode|AttrOwner)
+	} else {
+		rc.emit(OpWrite, p, "", 0)
+	}
+	return true, nil
+}
+
+// goneBase records, for the original path x that the original no longer
+// has, unless the replay has a base of it, the base of what the upper
+// object at p (st) copies: its origin's inode, its mode, a time before
+// the copy was made. The original's nothing fails it: a commit refuses
+// a change of x ("removed from the original") as with the whole journal.
+func (rc *reconciler) goneBase(x, p string, st *unix.Stat_t) error {
+	if _, seen := rc.t.seen[x]; seen {
+		return nil
+	}
+	var og origin
+	_ = rc.l.UpperDo(p, func(up string) error { og, _ = rc.l.readOrigin(up); return nil })
+	born, err := rc.bornOf(p)
+	if err != nil {
+		return err
+	}
+	rc.emit(OpBase, x, Signature{Ino: og.ino, Mode: st.Mode, Ctime: born - 1}.String(), 0)
+	return nil
+}
+
 // baseFor records the base of lo, the original's object that the upper
 // object at p copies or replaces, unless the replay has one; with
 // entries, of everything beneath it too. Only an object of the original
@@ -821,7 +922,9 @@ func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64, copyMode u
 				// directories, comparing the inode alone, finds too.
 				sig.Ino = 0
 			}
-			if hit.isDir() && copyMode&unix.S_IFMT == unix.S_IFDIR {
+			switch {
+			case !hit.isDir() || copyMode == 0:
+			case copyMode&unix.S_IFMT == unix.S_IFDIR:
 				// A commit takes a directory whose mode is its
 				// base's for one whose entries alone changed (each
 				// checked on its own): the mode is the one the copy
@@ -830,6 +933,12 @@ func (rc *reconciler) base(hit *lowerHit, subtree bool, before int64, copyMode u
 				// 2026-11-28), unless the sandbox's lost chmod made
 				// the copy's mode the original's.
 				sig.Mode = copyMode
+			default:
+				// Removed or replaced by the sandbox, with no copy
+				// to tell the mode it saw: one that matches nothing
+				// (a lost rmdir took away a directory another writer
+				// chmodded since).
+				sig.Mode ^= 0o7777
 			}
 		}
 		rc.emit(OpBase, x, sig.String(), 0)
