@@ -6,7 +6,9 @@ import (
 	"math/rand"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -210,7 +212,21 @@ func fmtRecs(rs []Record) string {
 // RandomHistory opens a stack on cfg (lower written from revLower) and
 // runs the seed's random history.
 func RandomHistory(t *testing.T, cfg Config, seed int64, ops int) (*Layers, []string) {
+	return RandomHistorySettled(t, cfg, seed, ops, 0)
+}
+
+// RandomHistorySettled is RandomHistory with a pause of settle between
+// the writing of the original and the stack's opening, so that the
+// original's objects are older than every upper object by more than a
+// tick of the clock (the walk's bases after a power cut then match
+// what the sandbox saw): for TestReconcileCutWhileAnotherWriterChanges.
+func RandomHistorySettled(t *testing.T, cfg Config, seed int64, ops int, settle time.Duration) (*Layers, []string) {
 	writeTree(t, cfg.Lowers[0], revLower)
+	time.Sleep(settle)
+	// revOp keeps its renames in a map of the package's (revMoves):
+	// one history at a time.
+	historyMu.Lock()
+	defer historyMu.Unlock()
 	l, err := Open(cfg)
 	require.NoError(t, err)
 	s := &stack{Layers: l, t: t, lower: cfg.Lowers[0], c: Caller{Pid: 1}}
@@ -221,8 +237,11 @@ func RandomHistory(t *testing.T, cfg Config, seed int64, ops int) (*Layers, []st
 			hist = append(hist, d)
 		}
 	}
+	delete(revMoves, s)
 	return l, hist
 }
+
+var historyMu sync.Mutex
 
 // MergedView is the merged view: path -> "type mode content".
 func MergedView(t *testing.T, l *Layers) map[string]string {
