@@ -2,6 +2,7 @@ package layers
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -57,7 +58,10 @@ type ChangeSet struct {
 	// object stands now (mv a/b m; rm -r m; mkdir m). Changes has no path
 	// for them (m is the new object's), and the commit needs none: the
 	// original's object at its own path is replaced by what stands there
-	// now, or removed by the change of that path.
+	// now, or removed by the change of that path. Also the original
+	// objects removed at a path before another removal there (rm -rf
+	// f01; mv empty f01; rm f01/f01: f01/f01 is empty/f01's removal),
+	// which the commit removes with the directory replaced above them.
 	Dropped []Change `json:"dropped,omitempty"`
 	// bases are the journal's base signatures the change set was read
 	// with (Bases).
@@ -139,6 +143,19 @@ type touched struct {
 	// A compaction drops a dead path once the upper confirms it
 	// (dropDead): git's temporary object files, an editor's save file.
 	fresh, dead map[string]bool
+	// removedHere holds the paths where the sandbox removed the
+	// original's object of that same path, and removedAs, by path, the
+	// original paths of other original objects it removed there (moved
+	// there, or beneath a directory renamed since): the lineage each
+	// removal had when it was made. A later rename into a directory
+	// above changes a path's lineage, and the path's change names the
+	// last object removed there alone: rm -rf f01; mv empty f01; rm
+	// f01/f01 removes the original's f01/f01 and empty/f01 at one path.
+	// The listing names the others (earlierRemovals).
+	removedHere map[string]bool
+	removedAs   map[string][]string
+	// earlier collects the removals earlierRemovals finds.
+	earlier []Change
 }
 
 func replay(recs []Record) *touched {
@@ -152,7 +169,7 @@ func replay(recs []Record) *touched {
 func newTouched() *touched {
 	return &touched{paths: map[string]bool{}, times: map[string]bool{}, from: map[string]string{}, link: map[string]string{},
 		made: map[string]bool{}, linkRev: map[string]map[string]bool{}, index: newPathIndex(), seen: map[string]Signature{}, dirs: dirCache{},
-		fresh: map[string]bool{}, dead: map[string]bool{}}
+		fresh: map[string]bool{}, dead: map[string]bool{}, removedHere: map[string]bool{}, removedAs: map[string][]string{}}
 }
 
 // apply replays one record.
@@ -190,6 +207,7 @@ func (t *touched) apply(r *Record) {
 		t.madeAt(r.Path)
 		t.setFresh(r.Path, fresh)
 	case OpUnlink, OpRmdir:
+		t.noteRemoval(r.Path)
 		fresh := t.fresh[r.Path]
 		t.touch(r.Path, true)
 		delete(t.made, r.Path)
@@ -201,6 +219,37 @@ func (t *touched) apply(r *Record) {
 		t.restore(r)
 	default:
 		t.touch(r.Path, true)
+	}
+}
+
+// noteRemoval records the lineage of the object removed at p
+// (removedHere, removedAs), unless the sandbox made it.
+func (t *touched) noteRemoval(p string) {
+	switch q := t.counterpartHere(p); {
+	case madeLineage(q):
+	case q == p:
+		t.removedHere[p] = true
+	case !slices.Contains(t.removedAs[p], q):
+		t.removedAs[p] = append(t.removedAs[p], q)
+	}
+}
+
+// moveRemovals moves the removals recorded at p to np, where a rename
+// took what p was in: the original path of a removal at p's own path is
+// p.
+func (t *touched) moveRemovals(p, np string) {
+	qs := t.removedAs[p]
+	if t.removedHere[p] {
+		qs = append([]string{p}, qs...)
+	}
+	delete(t.removedHere, p)
+	delete(t.removedAs, p)
+	for _, q := range qs {
+		if q == np {
+			t.removedHere[np] = true
+		} else if !slices.Contains(t.removedAs[np], q) {
+			t.removedAs[np] = append(t.removedAs[np], q)
+		}
 	}
 }
 
@@ -312,6 +361,11 @@ func (t *touched) move(old, new string, ontoNothing bool) {
 				m[np] = v
 			}
 		}
+		if p != old {
+			// Removals at old itself were of earlier objects there: they
+			// stay with the place.
+			t.moveRemovals(p, np)
+		}
 		t.index.add(np)
 	}
 	t.touch(old, true)
@@ -388,6 +442,7 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 		cs.Changes = append(cs.Changes, w.changes...)
 		t.linked = append(t.linked, w.t.linked...)
 		t.dropped = append(t.dropped, w.t.dropped...)
+		t.earlier = append(t.earlier, w.t.earlier...)
 		for p, e := range w.t.dirs {
 			t.dirs[p] = e
 		}
@@ -425,6 +480,19 @@ func (l *Layers) changesOnce(recs []Record) (ChangeSet, error) {
 	cs.Changes = slices.DeleteFunc(cs.Changes, func(c Change) bool {
 		return c.Kind == Deleted && renamedFrom[t.counterpart(c.Path)]
 	})
+	// An earlier removal at a path where an object stands now is that
+	// object's change (rm -r d; mkdir d lists A d).
+	standing := map[string]bool{}
+	for _, c := range cs.Changes {
+		if c.Kind != Deleted {
+			standing[c.Path] = true
+		}
+	}
+	for _, c := range t.earlier {
+		if !standing[c.Path] {
+			t.dropped = append(t.dropped, c)
+		}
+	}
 	if len(t.dropped) > 0 {
 		slices.SortFunc(t.dropped, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
 		cs.Dropped = slices.CompactFunc(t.dropped, func(a, b Change) bool { return a.Path == b.Path })
@@ -468,7 +536,7 @@ func (l *Layers) classifyAll(keys []string, t *touched) ([]classified, error) {
 		parts[w].t = t
 		if w > 0 {
 			c := *t // before any worker writes t
-			c.dirs, c.linked, c.dropped = dirCache{}, nil, nil
+			c.dirs, c.linked, c.dropped, c.earlier = dirCache{}, nil, nil, nil
 			parts[w].t = &c
 		}
 	}
@@ -659,8 +727,44 @@ func (l *Layers) replacedInPlace(p, original string, t *touched) (string, error)
 	return in.origin.Path, nil
 }
 
-// classify compares the final overlay state of p with the original's.
+// classify compares the final overlay state of p with the original's,
+// and notes the removals at p its change does not name (earlierRemovals).
 func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
+	c, ok, err := l.classifyPath(p, t)
+	if err == nil && (t.removedHere[p] || len(t.removedAs[p]) > 0) {
+		err = l.earlierRemovals(p, c, ok, t)
+	}
+	return c, ok, err
+}
+
+// earlierRemovals records in t.earlier the removals at p of original
+// objects other than the one p's change c names (ok: there is one): the
+// original objects of p's earlier lineages (removedHere, removedAs) the
+// original still has. Where p holds an object now, the removal of the
+// original's object at p itself is that object's change, as when a
+// rename replaced it (rm a; mv b a lists R b -> a).
+func (l *Layers) earlierRemovals(p string, c Change, ok bool, t *touched) error {
+	qs := t.removedAs[p]
+	if t.removedHere[p] {
+		qs = append([]string{p}, qs...)
+	}
+	for _, q := range qs {
+		if ok && (c.Kind != Deleted && q == p || c.Kind == Deleted && (q == cmp.Or(c.Original, c.Path) || q == c.Replaced)) {
+			continue
+		}
+		lo, inLo, err := l.resolveLower(q)
+		if err != nil {
+			return err
+		}
+		if inLo {
+			t.earlier = append(t.earlier, Change{Path: q, Kind: Deleted, Type: TypeName(lo.st.Mode), Original: q})
+		}
+	}
+	return nil
+}
+
+// classifyPath is classify but for the earlier removals.
+func (l *Layers) classifyPath(p string, t *touched) (Change, bool, error) {
 	if p == "" {
 		return l.classifyRoot(t.times[""])
 	}

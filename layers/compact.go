@@ -34,14 +34,20 @@ import (
 
 // The flags of a keep record: what the replay held for its path.
 const (
-	keepTouched  = 1 << iota // in touched.paths
-	keepContent              // ... with a content op seen
-	keepTimes                // in touched.times
-	keepMade                 // in touched.made
-	keepFrom                 // touched.from holds Path2
-	keepFromMade             // touched.from holds madeHere followed by Path2 (beneath an object the sandbox made)
-	keepFresh                // in touched.fresh
-	keepDead                 // in touched.dead
+	keepTouched     = 1 << iota // in touched.paths
+	keepContent                 // ... with a content op seen
+	keepTimes                   // in touched.times
+	keepMade                    // in touched.made
+	keepFrom                    // touched.from holds Path2
+	keepFromMade                // touched.from holds madeHere followed by Path2 (beneath an object the sandbox made)
+	keepFresh                   // in touched.fresh
+	keepDead                    // in touched.dead
+	keepRemovedHere             // in touched.removedHere
+	// keepRemovedAs: Path2 is in touched.removedAs of the path. In a
+	// record without keepFrom and keepFromMade, else in one of its own
+	// (one a removal past the first). A reader before it ignored it: its
+	// listing missed those removals, as before it.
+	keepRemovedAs
 )
 
 // compactSuffix names the file a compaction writes beside the journal.
@@ -102,6 +108,12 @@ func (t *touched) restore(r *Record) {
 	if r.Flags&keepDead != 0 {
 		t.dead[p] = true
 	}
+	if r.Flags&keepRemovedHere != 0 {
+		t.removedHere[p] = true
+	}
+	if r.Flags&keepRemovedAs != 0 && !slices.Contains(t.removedAs[p], r.Path2) {
+		t.removedAs[p] = append(t.removedAs[p], r.Path2)
+	}
 	switch {
 	case r.Flags&keepFromMade != 0:
 		t.from[p] = madeHere + r.Path2
@@ -111,7 +123,8 @@ func (t *touched) restore(r *Record) {
 }
 
 // snapshot returns the keep and keeplink records that replay to t's
-// paths, times, made, fresh, dead, from and link, sorted by path. ok is false when t
+// paths, times, made, fresh, dead, from, removedHere, removedAs and
+// link, sorted by path. ok is false when t
 // holds what a record cannot (a NUL in a path, a record over the size
 // limit): such a journal is left as it is.
 func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
@@ -122,6 +135,12 @@ func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 		}
 	}
 	for p := range t.from {
+		keys[p] = true
+	}
+	for p := range t.removedHere {
+		keys[p] = true
+	}
+	for p := range t.removedAs {
 		keys[p] = true
 	}
 	sorted := slices.Sorted(func(yield func(string) bool) {
@@ -151,6 +170,10 @@ func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 		if t.dead[p] {
 			r.Flags |= keepDead
 		}
+		if t.removedHere[p] {
+			r.Flags |= keepRemovedHere
+		}
+		removedAs := t.removedAs[p]
 		if f, ok := t.from[p]; ok {
 			if rest, made := strings.CutPrefix(f, madeHere); made {
 				r.Flags |= keepFromMade
@@ -159,8 +182,14 @@ func (t *touched) snapshot(now time.Time) (recs []Record, ok bool) {
 				r.Flags |= keepFrom
 				r.Path2 = f
 			}
+		} else if len(removedAs) > 0 {
+			r.Flags |= keepRemovedAs
+			r.Path2, removedAs = removedAs[0], removedAs[1:]
 		}
 		recs = append(recs, r)
+		for _, q := range removedAs {
+			recs = append(recs, Record{Op: OpKeep, Path: p, Path2: q, Flags: keepRemovedAs, Time: now})
+		}
 	}
 	links := slices.Sorted(func(yield func(string) bool) {
 		for k := range t.link {
@@ -233,10 +262,11 @@ func (t *touched) dropDead(gone func(paths []string) []bool) (dropped int) {
 		if i >= len(confirmed) || !confirmed[i] {
 			continue
 		}
-		for _, m := range []map[string]bool{t.paths, t.times, t.made, t.fresh, t.dead} {
+		for _, m := range []map[string]bool{t.paths, t.times, t.made, t.fresh, t.dead, t.removedHere} {
 			delete(m, p)
 		}
 		delete(t.from, p)
+		delete(t.removedAs, p)
 		if v, ok := t.link[p]; ok {
 			delete(t.linkRev[v], p)
 			delete(t.link, p)

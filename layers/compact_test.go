@@ -68,8 +68,12 @@ func replayState(t *touched) string {
 			rev[v] = slices.Sorted(maps.Keys(ks))
 		}
 	}
-	return fmt.Sprintf("paths %v\ntimes %v\nmade %v\nfresh %v\ndead %v\nfrom %q\nlink %v\nlinkRev %v\nseen %v",
-		t.paths, t.times, t.made, t.fresh, t.dead, t.from, t.link, rev, t.seen)
+	removedAs := map[string][]string{} // in the order recorded, unless moved together
+	for p, qs := range t.removedAs {
+		removedAs[p] = slices.Sorted(slices.Values(qs))
+	}
+	return fmt.Sprintf("paths %v\ntimes %v\nmade %v\nfresh %v\ndead %v\nfrom %q\nlink %v\nlinkRev %v\nseen %v\nremovedHere %v\nremovedAs %q",
+		t.paths, t.times, t.made, t.fresh, t.dead, t.from, t.link, rev, t.seen, t.removedHere, removedAs)
 }
 
 // compacted returns recs in their compacted form.

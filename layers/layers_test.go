@@ -914,3 +914,79 @@ func TestChangeSetCarriesTheJournalsBases(t *testing.T) {
 	assert.Equal(t, want, cs.Bases())
 	assert.Nil(t, (&ChangeSet{}).Bases(), "a change set made by hand has none")
 }
+
+// TestChangeSetTwoRemovalsAtOnePath: rm -rf f01 removes the original's
+// f01/f01; mv empty f01 puts the original's empty/f01 at that path, and
+// rm f01/f01 removes it there too. The listing names both removals:
+// before, the second took the first's path in the change set, and
+// status and diff never named the original's f01/f01 (the commit was
+// right: f01 goes whole). Found by TestDifferentialCommitKeep, seed
+// 80581499. The second case removes beneath a renamed directory, where
+// the first removal's original path is only in the journal's lineage.
+func TestChangeSetTwoRemovalsAtOnePath(t *testing.T) {
+	var o Obj
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		ops   func(s *stack)
+		want  []string
+	}{{
+		name:  "replaced by a file",
+		files: map[string]string{"f01/f01/sub/file": "x", "empty/f01": "y"},
+		ops: func(s *stack) {
+			s.removeAll("f01")
+			require.NoError(t, s.Rename("", s.dir(""), "empty", &o, "", s.dir(""), "f01", 0, s.c))
+			s.removeAll("f01")
+			s.createEmpty("", "f01")
+		},
+		want: []string{"deleted empty", "deleted empty/f01", "modified f01", "deleted f01/f01", "deleted f01/f01/sub", "deleted f01/f01/sub/file"},
+	}, {
+		name:  "a directory still",
+		files: map[string]string{"f01/f01/sub/file": "x", "empty/f01": "y"},
+		ops: func(s *stack) {
+			s.removeAll("f01")
+			require.NoError(t, s.Rename("", s.dir(""), "empty", &o, "", s.dir(""), "f01", 0, s.c))
+			require.NoError(t, s.Unlink("f01", s.dir("f01"), "f01", s.c))
+		},
+		want: []string{"deleted empty/f01", "renamed f01", "deleted f01/f01", "deleted f01/f01/sub", "deleted f01/f01/sub/file"},
+	}, {
+		name:  "beneath a renamed directory",
+		files: map[string]string{"x/f01/f01/file": "x", "empty/f01": "y"},
+		ops: func(s *stack) {
+			require.NoError(t, s.Rename("", s.dir(""), "x", &o, "", s.dir(""), "y", 0, s.c))
+			s.removeAll("y/f01")
+			require.NoError(t, s.Rename("", s.dir(""), "empty", &o, "y", s.dir("y"), "f01", 0, s.c))
+			require.NoError(t, s.Unlink("y/f01", s.dir("y/f01"), "f01", s.c))
+		},
+		want: []string{"deleted empty/f01", "deleted x/f01", "deleted x/f01/f01", "deleted x/f01/f01/file", "renamed y", "renamed y/f01"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStack(t, tc.files)
+			tc.ops(s)
+			cs, err := s.Changes()
+			require.NoError(t, err)
+			var listed []string
+			for _, c := range cs.Listing() {
+				listed = append(listed, string(c.Kind)+" "+c.Path)
+			}
+			assert.Equal(t, tc.want, listed)
+		})
+	}
+}
+
+// removeAll removes p and everything beneath it through the layers, as
+// rm -rf does: entries first.
+func (s *stack) removeAll(p string) {
+	s.t.Helper()
+	dir, name := Split(p)
+	e, err := s.lookup(p)
+	require.NoError(s.t, err, p)
+	if e.IsDir() {
+		for _, n := range s.names(p) {
+			s.removeAll(Join(p, n))
+		}
+		require.NoError(s.t, s.Rmdir(dir, s.dir(dir), name, s.c))
+		return
+	}
+	require.NoError(s.t, s.Unlink(dir, s.dir(dir), name, s.c))
+}
