@@ -740,8 +740,10 @@ func (l *Layers) classify(p string, t *touched) (Change, bool, error) {
 // earlierRemovals records in t.earlier the removals at p of original
 // objects other than the one p's change c names (ok: there is one): the
 // original objects of p's earlier lineages (removedHere, removedAs) the
-// original still has. Where p holds an object now, the removal of the
-// original's object at p itself is that object's change, as when a
+// original still has and the overlay no longer shows. (A removal is
+// recorded before it is made, and may fail: rm of an immutable file is
+// refused after its record.) Where p holds an object now, the removal of
+// the original's object at p itself is that object's change, as when a
 // rename replaced it (rm a; mv b a lists R b -> a).
 func (l *Layers) earlierRemovals(p string, c Change, ok bool, t *touched) error {
 	qs := t.removedAs[p]
@@ -756,11 +758,44 @@ func (l *Layers) earlierRemovals(p string, c Change, ok bool, t *touched) error 
 		if err != nil {
 			return err
 		}
+		shown := false
 		if inLo {
-			t.earlier = append(t.earlier, Change{Path: q, Kind: Deleted, Type: TypeName(lo.st.Mode), Original: q})
+			if shown, err = l.showsOriginal(q, t); err != nil {
+				return err
+			}
 		}
+		if !inLo || shown {
+			continue
+		}
+		t.earlier = append(t.earlier, Change{Path: q, Kind: Deleted, Type: TypeName(lo.st.Mode), Original: q})
 	}
 	return nil
+}
+
+// showsOriginal reports whether the overlay shows the original object at
+// x: at x, or where a rename of x or of a directory above it took it.
+func (l *Layers) showsOriginal(x string, t *touched) (bool, error) {
+	at := []string{x}
+	for a := x; ; {
+		for _, m := range t.movedFrom[a] {
+			at = append(at, m+x[len(a):])
+		}
+		i := strings.LastIndexByte(a, '/')
+		if i < 0 {
+			break
+		}
+		a = a[:i]
+	}
+	for _, q := range at {
+		ov, ok, err := l.resolveIn(t.dirs, q)
+		if err != nil {
+			return false, err
+		}
+		if ok && l.cameFrom(&ov, x) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // classifyPath is classify but for the earlier removals.

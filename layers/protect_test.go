@@ -151,3 +151,26 @@ func TestProtectedOriginalsRefuseChanges(t *testing.T) {
 	_, _, err = s.Open("I/x", &e.Obj, unix.O_WRONLY, s.c)
 	eperm("write I/x, I copied up", err)
 }
+
+// TestListingOfRemovalsThatFailed: the removal of an immutable file is
+// refused after its record (the journal records an operation before it
+// makes it), so the record alone does not say the object went: the
+// listing names nothing of it, also once its directory moved. Caught by
+// TestProtectedOriginalsThroughAMount when the listing first named the
+// earlier removals at a path (TestChangeSetTwoRemovalsAtOnePath).
+func TestListingOfRemovalsThatFailed(t *testing.T) {
+	s := newStack(t, map[string]string{"i": "I", "d/i": "X", "d/keep": "K"})
+	protect(t, filepath.Join(s.lower, "i"), flagImmutable)
+	protect(t, filepath.Join(s.lower, "d/i"), flagImmutable)
+	assert.ErrorIs(t, s.Unlink("", s.dir(""), "i", s.c), unix.EPERM)
+	assert.ErrorIs(t, s.Unlink("d", s.dir("d"), "i", s.c), unix.EPERM)
+	var o Obj
+	require.NoError(t, s.Rename("", s.dir(""), "d", &o, "", s.dir(""), "e", 0, s.c))
+	cs, err := s.Changes()
+	require.NoError(t, err)
+	var listed []string
+	for _, c := range cs.Listing() {
+		listed = append(listed, string(c.Kind)+" "+c.Path)
+	}
+	assert.Equal(t, []string{"renamed e"}, listed)
+}
