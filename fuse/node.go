@@ -33,6 +33,7 @@ type filesystem struct {
 	replies     replies
 	umasks      umasks
 	kills       killWrites
+	registry    registry
 	// layersMayStall: a layer's directory is on FUSE (maybe a mount this
 	// process serves) or a network filesystem (uringTransport.offThread).
 	layersMayStall bool
@@ -224,6 +225,7 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 			n.RmChild(name)
 		}
 	}
+	n.fs.registry.adopt(sa, child, e)
 	ino := n.NewInode(ctx, child, sa)
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
 	if cn, ok := ino.Operations().(*node); ok {

@@ -266,3 +266,51 @@ func TestOriginalDirectoryReplacedBehindTheMount(t *testing.T) {
 	}
 	assert.Equal(t, "a", mustRead(t, sb.path("old/a")), "the old d, at its new name")
 }
+
+// TestOriginalDirectoryMovedBehindAnOpenDirectory: as above, with the
+// old d held open through the mount while the original moves it, so
+// that the server still has its node when the lookup of its new name
+// finds the same inode: that node must now reach the directory by its
+// new name. It kept the old one (the lookups beneath old/ went to the
+// new d: old/a was not found), seen in CI under io_uring, where the
+// kernel's forget of the old node came late.
+func TestOriginalDirectoryMovedBehindAnOpenDirectory(t *testing.T) {
+	orig := newOrig(t, map[string]string{"d/a": "a", "d/sub/x": "x"})
+	sb := mountSandbox(t, orig, withTimeout(time.Second))
+	held, err := os.Open(sb.path("d"))
+	require.NoError(t, err)
+	defer held.Close()
+	assert.Equal(t, "a", mustRead(t, sb.path("d/a")))
+	require.NoError(t, os.Rename(filepath.Join(orig, "d"), filepath.Join(orig, "old")))
+	writeTree(t, orig, map[string]string{"d/b": "b"})
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Lstat(sb.path("d/b")); err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "10 s after d was replaced in the original (timeouts 1 s), d/b is not there")
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Equal(t, "a", mustRead(t, sb.path("old/a")), "the old d, at its new name")
+	assert.Equal(t, "x", mustRead(t, sb.path("old/sub/x")))
+	names, err := held.Readdirnames(-1)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"a", "sub"}, names, "the directory held open lists its own entries")
+}
+
+// TestOriginalFileMovedBehindTheMount: an editor's save in the original
+// (mv f f~; a new f) while the kernel still holds the node of f (its
+// entry cached): f~ must read as the old f. It read as the new f: the
+// lookup of f~ found the same inode, go-fuse handed back the node of f,
+// and its open went to f's path.
+func TestOriginalFileMovedBehindTheMount(t *testing.T) {
+	orig := newOrig(t, map[string]string{"f": "old\n"})
+	sb := mountSandbox(t, orig)
+	held, err := os.Open(sb.path("f"))
+	require.NoError(t, err)
+	defer held.Close()
+	require.NoError(t, os.Rename(filepath.Join(orig, "f"), filepath.Join(orig, "f~")))
+	writeTree(t, orig, map[string]string{"f": "new\n"})
+	assert.Equal(t, "old\n", mustRead(t, sb.path("f~")), "the old f, at its new name")
+}
