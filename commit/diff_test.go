@@ -326,7 +326,9 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 			s.remove("n/f")
 			s.remove("n")
 			s.mkdir("g")
-		}, "m , D g, A g, D g/f, D g/keep", false},
+			// (the rename over n/f removes g/f: since 2026-11-28 the
+			// change set names it, TestChangeSetRemovalOfWhatARenameReplaced)
+		}, "m , D g, A g, D g/f, D g/keep", true},
 		{"exchanged with a file, which is removed in its place", func(s *diffSandbox) {
 			// (seed 586386707 of TestDifferential: the removal of the
 			// file names g, the directory's place, with the file's type)
@@ -337,7 +339,9 @@ func TestStatusListingNamesDroppedFiles(t *testing.T) {
 			s.remove("q/keep")
 			s.remove("q/f")
 			s.remove("q")
-		}, "D g, D g/f, D g/keep, D q", false},
+			// (the rename over q/f removes g/f: since 2026-11-28 the
+			// change set names it, TestChangeSetRemovalOfWhatARenameReplaced)
+		}, "D g, D g/f, D g/keep, D q", true},
 		{"exchanged with a file, removed where it went, under a name a new directory took and left", func(s *diffSandbox) {
 			// (seed 555798659 of TestDifferentialRemount: the removals
 			// moved with the new directory, where they name nothing)
@@ -558,7 +562,10 @@ func TestDiffListsWhatARenamedDirectoryMoves(t *testing.T) {
 
 	b.Reset()
 	require.NoError(t, NameStatus(&b, cs))
-	assert.Equal(t, "R\td\te\nM\te/a\nR\ty\te/over\nR\td/sub\te/sub2\n", b.String(), "without the original, the change set alone")
+	// (the rename over e/over removes d/over: since 2026-11-28 the change
+	// set names it, TestChangeSetRemovalOfWhatARenameReplaced, as it
+	// names d/over for mv d e; rm e/over)
+	assert.Equal(t, "D\td/over\nR\td\te\nM\te/a\nR\ty\te/over\nR\td/sub\te/sub2\n", b.String(), "without the original, the change set alone")
 
 	b.Reset()
 	require.NoError(t, DiffStat(&b, s.cfg, cs))
@@ -579,7 +586,7 @@ func TestDiffListsWhatARenamedDirectoryMoves(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s %s<-%s with=%q type=%s", f.Status, f.Path, f.From, f.ImpliedBy, f.Type))
 	}
 	assert.Equal(t, []string{
-		`D d/over<- with="e" type=file`,
+		`D d/over<- with="" type=file`, // a change of its own (above)
 		`R e<-d with="" type=dir`,
 		`M e/a<- with="" type=file`,
 		`R e/bin<-d/bin with="e" type=file`,

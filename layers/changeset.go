@@ -186,7 +186,17 @@ func (t *touched) apply(r *Record) {
 			t.exchange(r.Path, r.Path2)
 			return
 		}
-		t.move(r.Path, r.Path2, r.Flags&unix.RENAME_NOREPLACE != 0)
+		ontoNothing := r.Flags&unix.RENAME_NOREPLACE != 0
+		if !ontoNothing {
+			// The object the rename replaces is removed here, as by an
+			// unlink: its lineage now, which a later rename above may
+			// change before the change set is read (replacedInPlace
+			// would then look in the wrong place), or a rename of its
+			// own had already moved away from its original path (mv
+			// a/x a/a; mv f a/a).
+			t.noteRemoval(r.Path2)
+		}
+		t.move(r.Path, r.Path2, ontoNothing)
 	case OpSetattr, OpSetxattr, OpRemovexattr:
 		t.touch(r.Path, t.paths[r.Path])
 		if r.Op == OpSetattr && r.Flags&AttrTimes != 0 {

@@ -990,3 +990,65 @@ func (s *stack) removeAll(p string) {
 	}
 	require.NoError(s.t, s.Unlink(dir, s.dir(dir), name, s.c))
 }
+
+// TestChangeSetRemovalOfWhatARenameReplaced: a rename over an original
+// object removes it (mv x/a x/b removes the original's x/b), and the
+// listing names that removal by its original path whatever happens to
+// the place since: its directory renamed away, another made in its
+// place and a file renamed to the directory's new name (x/b was looked
+// for in the file's lineage), or the object moved there first and the
+// records beneath its directory taken away by a new file made at the
+// directory's name and moved (a/x, moved to a/a and replaced there, was
+// looked for nowhere). Before, status and diff never named x/b nor a/x
+// (the commit was right: the directories above them go whole). Found by
+// TestListingMatchesTheTrees, seeds 1232 and 1137 (on 2026-11-28).
+func TestChangeSetRemovalOfWhatARenameReplaced(t *testing.T) {
+	var o Obj
+	mv := func(s *stack, from, to string) {
+		fd, fn := Split(from)
+		td, tn := Split(to)
+		require.NoError(t, s.Rename(fd, s.dir(fd), fn, &o, td, s.dir(td), tn, 0, s.c), "mv %s %s", from, to)
+	}
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		ops   func(s *stack)
+		want  []string
+	}{{
+		name:  "moved there first, replaced by a new file",
+		files: map[string]string{"a/x": "x", "a/k": "k"},
+		ops: func(s *stack) {
+			mv(s, "a/x", "a/a")
+			s.createEmpty("", "n")
+			mv(s, "n", "a/a")
+			s.removeAll("a")
+			s.createEmpty("", "a")
+			mv(s, "a", "m")
+		},
+		want: []string{"deleted a", "deleted a/k", "deleted a/x", "created m"},
+	}, {
+		name:  "its directory renamed away, another in its place",
+		files: map[string]string{"x/a": "a", "x/b": "b", "x/c": "c", "f": "f"},
+		ops: func(s *stack) {
+			mv(s, "x/a", "x/b")
+			mv(s, "x", "y")
+			_, err := s.Mkdir("", s.dir(""), "x", 0o755, s.c)
+			require.NoError(t, err)
+			s.removeAll("y")
+			mv(s, "f", "y")
+		},
+		want: []string{"created x", "deleted x/a", "deleted x/b", "deleted x/c", "renamed y"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStack(t, tc.files)
+			tc.ops(s)
+			cs, err := s.Changes()
+			require.NoError(t, err)
+			var listed []string
+			for _, c := range cs.Listing() {
+				listed = append(listed, string(c.Kind)+" "+c.Path)
+			}
+			assert.Equal(t, tc.want, listed)
+		})
+	}
+}
