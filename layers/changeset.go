@@ -768,13 +768,25 @@ func (l *Layers) earlierRemovals(p string, c Change, ok bool, t *touched) error 
 		if err != nil {
 			return err
 		}
-		shown := false
-		if inLo {
-			if shown, err = l.showsOriginal(q, t); err != nil {
+		if !inLo {
+			continue
+		}
+		// Where the view shows an object at q, the change of q says
+		// what is there, and so does its absence: the object compares
+		// equal to the original's (rm f; ln g f, or cp -p g f, f and g
+		// alike), which the commit keeps. Where it shows the original
+		// object elsewhere, the removal failed (showsOriginal).
+		_, inOv, err := l.resolveIn(t.dirs, q)
+		if err != nil {
+			return err
+		}
+		if !inOv {
+			inOv, err = l.showsOriginal(q, t)
+			if err != nil {
 				return err
 			}
 		}
-		if !inLo || shown {
+		if inOv {
 			continue
 		}
 		t.earlier = append(t.earlier, Change{Path: q, Kind: Deleted, Type: TypeName(lo.st.Mode), Original: q})
