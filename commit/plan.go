@@ -42,9 +42,20 @@ func (r renames) final(p string) string { return layers.Counterpart(r.byFrom, p)
 // p's directory, and false when that object is elsewhere by then (a
 // renamed directory took it along: p's directory is a new one, or p
 // itself was renamed away).
+//
+// An original directory renamed to p itself is elsewhere too: phase 1
+// moves it aside before anything is detached. (mv a/b q; mv q a/b; mv a
+// m lists R a -> m and R a/b -> m/b: m/b's original, a/b, was taken for
+// the object standing there, to be backed up whole, and a directory
+// made at m/b/c then refused as if someone had made the original's
+// a/b/c there during the commit:
+// TestCommitANewDirectoryOverAnOriginalOneBeneathRenamedOnes.)
 func (r renames) replacedAt(p string) (string, bool) {
 	dir, name := layers.Split(p)
 	o := layers.Join(r.original(dir), name)
+	if _, renamed := r.byFrom[o]; renamed {
+		return o, false
+	}
 	return o, r.final(o) == p
 }
 

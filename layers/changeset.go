@@ -764,31 +764,38 @@ func (l *Layers) earlierRemovals(p string, c Change, ok bool, t *touched) error 
 		if ok && (c.Kind != Deleted && q == p || c.Kind == Deleted && (q == cmp.Or(c.Original, c.Path) || q == c.Replaced)) {
 			continue
 		}
-		lo, inLo, err := l.resolveLower(q)
-		if err != nil {
+		if err := l.listRemoval(q, t); err != nil {
 			return err
 		}
-		if !inLo {
-			continue
-		}
-		// Where the view shows an object at q, the change of q says
-		// what is there, and so does its absence: the object compares
-		// equal to the original's (rm f; ln g f, or cp -p g f, f and g
-		// alike), which the commit keeps. Where it shows the original
-		// object elsewhere, the removal failed (showsOriginal).
-		_, inOv, err := l.resolveIn(t.dirs, q)
-		if err != nil {
+	}
+	return nil
+}
+
+// listRemoval records in t.earlier the removal of the original object
+// at q, for the listing alone, where the original has q and the view
+// shows it nowhere. Where the view shows an object at q, the change of
+// q says what is there, and so does its absence: the object compares
+// equal to the original's (rm f; ln g f, or cp -p g f, f and g alike),
+// which the commit keeps. Where it shows the original object elsewhere,
+// the removal failed (showsOriginal).
+func (l *Layers) listRemoval(q string, t *touched) error {
+	if madeLineage(q) {
+		return nil
+	}
+	lo, inLo, err := l.resolveLower(q)
+	if err != nil || !inLo {
+		return err
+	}
+	_, inOv, err := l.resolveIn(t.dirs, q)
+	if err != nil {
+		return err
+	}
+	if !inOv {
+		if inOv, err = l.showsOriginal(q, t); err != nil {
 			return err
 		}
-		if !inOv {
-			inOv, err = l.showsOriginal(q, t)
-			if err != nil {
-				return err
-			}
-		}
-		if inOv {
-			continue
-		}
+	}
+	if !inOv {
 		t.earlier = append(t.earlier, Change{Path: q, Kind: Deleted, Type: TypeName(lo.st.Mode), Original: q})
 	}
 	return nil
@@ -847,6 +854,17 @@ func (l *Layers) classifyPath(p string, t *touched) (Change, bool, error) {
 		// there (the original gained an object at p since) is a
 		// removal of that object, classified below.
 		return Change{Path: p}, false, nil
+	}
+	if !inOv && ov.Stat.Mode != 0 && !ov.IsDir() {
+		// A non-directory stands above p (resolveIn returns it): p's
+		// records are of objects removed beneath a directory that
+		// stood there, carried along by a move of the object there now
+		// (rm -r b; mv x b; mv b x takes b's records to x). Their
+		// removal goes with that directory's, a change of its own; no
+		// commit reaches a path beneath a non-directory (it refused:
+		// "a symlink on the way"). The listing names the original
+		// object. (Found by TestListingHistoriesCommit, seed 5796.)
+		return Change{Path: p}, false, l.listRemoval(t.counterpart(p), t)
 	}
 	cp := t.counterpart(p)
 	if inOv {

@@ -92,6 +92,9 @@ func replayOp(s *stack, line string) bool {
 		if f[0] == "rmdir" {
 			return s.Rmdir(d, o, n, s.c) == nil
 		}
+		if e, err := s.lookup(p); err != nil || e.IsDir() {
+			return false // the kernel refuses unlink(2) of a directory (EISDIR) before it asks
+		}
 		return s.Unlink(d, o, n, s.c) == nil
 	case "rm": // rm -r p
 		if len(f) < 3 {
