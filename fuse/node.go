@@ -225,8 +225,8 @@ func (n *node) newChild(ctx context.Context, name string, e *layers.Entry, out *
 			n.RmChild(name)
 		}
 	}
-	n.fs.registry.adopt(sa, child, e)
 	ino := n.NewInode(ctx, child, sa)
+	n.fs.registry.adopt(sa, child, e) // once child is set up: another lookup may read it
 	fillAttr(&out.Attr, &e.Stat, ino.StableAttr().Ino)
 	if cn, ok := ino.Operations().(*node); ok {
 		cn.mu.Lock()

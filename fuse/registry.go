@@ -32,7 +32,11 @@ type registry struct {
 }
 
 // adopt points the live node of sa, if there is one other than child,
-// at e: where a lookup found its object now.
+// at e: where a lookup found its object now. Else child, set up by
+// NewInode (another lookup may read it once it is in the table), is
+// the node of sa. (A node another lookup just put in the table, not yet
+// in go-fuse's tree, reads as Forgotten for that moment: two lookups of
+// one identity at once may leave the loser in the table until the next.)
 func (r *registry) adopt(sa fusefs.StableAttr, child *node, e *layers.Entry) {
 	if e.Upper {
 		return

@@ -3,10 +3,12 @@ package tests
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -313,4 +315,38 @@ func TestOriginalFileMovedBehindTheMount(t *testing.T) {
 	require.NoError(t, os.Rename(filepath.Join(orig, "f"), filepath.Join(orig, "f~")))
 	writeTree(t, orig, map[string]string{"f": "new\n"})
 	assert.Equal(t, "old\n", mustRead(t, sb.path("f~")), "the old f, at its new name")
+}
+
+// TestParallelListingsOfOneDirectory: eight ls -l of one directory at
+// once, each directory new to the kernel, so that the server answers
+// lookups of the same objects from several threads at once (readdirplus;
+// under io_uring a thread a queue). The node table of registry.go once
+// read a node another lookup was still setting up: the race detector's
+// report of the server fails the test (harness_test.go).
+func TestParallelListingsOfOneDirectory(t *testing.T) {
+	files := map[string]string{}
+	for d := range 4 {
+		for f := range 500 {
+			files[fmt.Sprintf("d%d/f%d", d, f)] = ""
+		}
+	}
+	orig := newOrig(t, files)
+	sb := mountSandbox(t, orig)
+	for d := range 4 {
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Go(func() {
+				out, err := exec.Command("ls", "-l", sb.path(fmt.Sprintf("d%d", d))).Output()
+				if err == nil && strings.Count(string(out), "\n") != 501 {
+					err = fmt.Errorf("ls -l listed %d lines", strings.Count(string(out), "\n"))
+				}
+				errs[i] = err
+			})
+		}
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+	}
 }
