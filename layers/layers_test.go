@@ -414,6 +414,19 @@ func (s *stack) createEmpty(dir, name string) {
 	require.NoError(s.t, unix.Close(fd))
 }
 
+// listingLines is the change set's listing (status) as "kind path"
+// lines.
+func (s *stack) listingLines() []string {
+	s.t.Helper()
+	cs, err := s.Changes()
+	require.NoError(s.t, err)
+	var out []string
+	for _, c := range cs.Listing() {
+		out = append(out, string(c.Kind)+" "+c.Path)
+	}
+	return out
+}
+
 // changeLines is the change set as "kind path from" lines.
 func (s *stack) changeLines() []string {
 	s.t.Helper()
@@ -963,13 +976,7 @@ func TestChangeSetTwoRemovalsAtOnePath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStack(t, tc.files)
 			tc.ops(s)
-			cs, err := s.Changes()
-			require.NoError(t, err)
-			var listed []string
-			for _, c := range cs.Listing() {
-				listed = append(listed, string(c.Kind)+" "+c.Path)
-			}
-			assert.Equal(t, tc.want, listed)
+			assert.Equal(t, tc.want, s.listingLines())
 		})
 	}
 }
@@ -1042,13 +1049,7 @@ func TestChangeSetRemovalOfWhatARenameReplaced(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStack(t, tc.files)
 			tc.ops(s)
-			cs, err := s.Changes()
-			require.NoError(t, err)
-			var listed []string
-			for _, c := range cs.Listing() {
-				listed = append(listed, string(c.Kind)+" "+c.Path)
-			}
-			assert.Equal(t, tc.want, listed)
+			assert.Equal(t, tc.want, s.listingLines())
 		})
 	}
 }

@@ -166,11 +166,5 @@ func TestListingOfRemovalsThatFailed(t *testing.T) {
 	assert.ErrorIs(t, s.Unlink("d", s.dir("d"), "i", s.c), unix.EPERM)
 	var o Obj
 	require.NoError(t, s.Rename("", s.dir(""), "d", &o, "", s.dir(""), "e", 0, s.c))
-	cs, err := s.Changes()
-	require.NoError(t, err)
-	var listed []string
-	for _, c := range cs.Listing() {
-		listed = append(listed, string(c.Kind)+" "+c.Path)
-	}
-	assert.Equal(t, []string{"renamed e"}, listed)
+	assert.Equal(t, []string{"renamed e"}, s.listingLines())
 }
