@@ -802,9 +802,10 @@ func (l *Layers) listRemoval(q string, t *touched) error {
 }
 
 // showsOriginal reports whether the overlay shows the original object at
-// x: at x, or where a rename of x or of a directory above it took it.
+// x where a rename of x or of a directory above it took it (listRemoval
+// looked at x itself).
 func (l *Layers) showsOriginal(x string, t *touched) (bool, error) {
-	at := []string{x}
+	var at []string
 	for a := x; ; {
 		for _, m := range t.movedFrom[a] {
 			at = append(at, m+x[len(a):])
